@@ -1,0 +1,99 @@
+"""Every Prometheus series the service exports, defined in one place.
+
+Names follow Prometheus conventions: ``esp_`` prefix, base units, ``_seconds`` and
+``_total`` suffixes. Labels are bounded: route templates, status codes, backend names,
+and experiment/arm names taken from the registry, never user ids or raw weights.
+Dashboards and alert rules (helm/) use exactly the names in :data:`METRIC_NAMES`.
+
+The registry is injectable so each app (and each test) starts from clean counters.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+WEIGHT_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.0, 5.0, 10.0)
+
+
+class Metrics:
+    """The service's metric objects, registered on ``registry``."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry if registry is not None else CollectorRegistry()
+        r = self.registry
+        self.requests = Counter(
+            "esp_requests_total", "HTTP requests by route template and status code.",
+            ["route", "status"], registry=r,
+        )
+        self.request_duration = Histogram(
+            "esp_request_duration_seconds", "HTTP request latency by route template.",
+            ["route"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.encode_duration = Histogram(
+            "esp_encode_duration_seconds", "Time to encode one batch of query texts.",
+            buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.engine_duration = Histogram(
+            "esp_engine_duration_seconds", "Time for one exhaustive weighted top-k batch.",
+            ["backend"], buckets=LATENCY_BUCKETS, registry=r,
+        )
+        self.batch_size = Histogram(
+            "esp_batch_size", "Queries scored together in one engine call.",
+            buckets=BATCH_BUCKETS, registry=r,
+        )
+        self.queue_depth = Gauge(
+            "esp_queue_depth", "Queries waiting for the micro-batcher.", registry=r
+        )
+        self.queue_capacity = Gauge(
+            "esp_queue_capacity", "Queries the micro-batcher accepts before answering 429.",
+            registry=r,
+        )
+        self.index_documents = Gauge(
+            "esp_index_documents", "Documents in the served index.", registry=r
+        )
+        self.bundle_info = Gauge(
+            "esp_bundle_info", "The served bundle (value 1); labels say which.",
+            ["version", "dtype", "backend"], registry=r,
+        )
+        self.ready = Gauge(
+            "esp_ready", "1 when a bundle is loaded and warmed, else 0.", registry=r
+        )
+        self.weights_requested = Histogram(
+            "esp_weights_requested", "Weight used per subspace, one observation per query.",
+            ["subspace"], buckets=WEIGHT_BUCKETS, registry=r,
+        )
+        self.experiment_requests = Counter(
+            "esp_experiment_requests_total", "Queries served per experiment arm.",
+            ["experiment", "arm"], registry=r,
+        )
+        self.registry_reloads = Counter(
+            "esp_registry_reloads_total", "Operating-point/experiment registry reloads by result.",
+            ["result"], registry=r,
+        )
+        self.bundle_reloads = Counter(
+            "esp_bundle_reloads_total", "Bundle hot reloads by result.", ["result"], registry=r,
+        )
+        for result in ("success", "failure"):
+            self.registry_reloads.labels(result=result)
+            self.bundle_reloads.labels(result=result)
+
+
+#: Every series name the service exposes (histograms as their _bucket/_sum/_count family name).
+METRIC_NAMES: tuple[str, ...] = (
+    "esp_requests_total",
+    "esp_request_duration_seconds",
+    "esp_encode_duration_seconds",
+    "esp_engine_duration_seconds",
+    "esp_batch_size",
+    "esp_queue_depth",
+    "esp_queue_capacity",
+    "esp_index_documents",
+    "esp_bundle_info",
+    "esp_ready",
+    "esp_weights_requested",
+    "esp_experiment_requests_total",
+    "esp_registry_reloads_total",
+    "esp_bundle_reloads_total",
+)

@@ -1,0 +1,282 @@
+"""The artifact bundle: the contract between training and serving (DESIGN section 3).
+
+A bundle is a directory::
+
+    manifest.json    format_version, version, layout, corpus {count, dim, dtype}, files {path: sha256},
+                     and free-form sections: encoder, training, operating_points, ...
+    embeddings.npy   (N, D) float32 or float16, block-normalised, row i <-> ids[i]
+    ids.json         N unique document ids (strings)
+    docs.jsonl       optional: one JSON object per row (text, title, url, ...)
+    encoder/         optional: the query encoder (written by training, read by the service)
+
+It is written atomically (a temporary sibling directory renamed into place) and read back
+with every check the service needs before it swaps a bundle in: checksums, shapes, dtype,
+layout, ids. Every problem is one :class:`BundleError` naming the file or field. No pickle.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from subspace.layout import LayoutError, SubspaceLayout
+
+FORMAT_VERSION = 1
+MANIFEST = "manifest.json"
+EMBEDDINGS = "embeddings.npy"
+IDS = "ids.json"
+DOCS = "docs.jsonl"
+ENCODER = "encoder"
+DTYPES = ("float32", "float16")
+_CHUNK = 1 << 22
+
+
+class BundleError(ValueError):
+    """A bundle that cannot be written or served; the message names the file or field."""
+
+
+@dataclass(frozen=True)
+class Bundle:
+    """A validated bundle. ``embeddings`` is memory-mapped read-only unless loaded eagerly."""
+
+    path: Path
+    manifest: dict[str, Any]
+    layout: SubspaceLayout
+    embeddings: np.ndarray
+    ids: list[str]
+
+    @property
+    def version(self) -> str:
+        """Content hash of the bundle's files: equal bundles have equal versions."""
+        return str(self.manifest["version"])
+
+    @property
+    def encoder_dir(self) -> Path | None:
+        p = self.path / ENCODER
+        return p if p.is_dir() else None
+
+    @property
+    def operating_points(self) -> dict[str, Any]:
+        return dict(self.manifest.get("operating_points") or {})
+
+    def docs(self) -> list[dict[str, Any]] | None:
+        """Display payload per row, or ``None`` when the bundle has none."""
+        p = self.path / DOCS
+        if not p.exists():
+            return None
+        with p.open(encoding="utf-8") as fh:
+            return [json.loads(line) for line in fh]
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with path.open("rb") as fh:
+        while chunk := fh.read(_CHUNK):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def _files_under(root: Path) -> list[str]:
+    return sorted(
+        p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file() and p.name != MANIFEST
+    )
+
+
+def _check_ids(ids: Sequence[Any], n: int, where: str) -> list[str]:
+    if len(ids) != n:
+        raise BundleError(f"{where}: {len(ids)} ids for {n} embedding rows")
+    bad = next((i for i, x in enumerate(ids) if not isinstance(x, str) or not x), None)
+    if bad is not None:
+        raise BundleError(f"{where}: id at row {bad} must be a non-empty string, got {ids[bad]!r}")
+    if len(set(ids)) != n:
+        seen: set[str] = set()
+        dup = next(x for x in ids if x in seen or seen.add(x))  # type: ignore[func-returns-value]
+        raise BundleError(f"{where}: duplicate id {dup!r}")
+    return list(ids)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_bundle(
+    out: str | os.PathLike[str],
+    layout: SubspaceLayout,
+    embeddings: np.ndarray,
+    ids: Sequence[str],
+    *,
+    docs: Iterable[Mapping[str, Any]] | None = None,
+    encoder_dir: str | os.PathLike[str] | None = None,
+    sections: Mapping[str, Any] | None = None,
+    overwrite: bool = False,
+) -> Path:
+    """Write a bundle atomically and return its path.
+
+    ``embeddings`` must be ``(N, layout.dim)`` float32/float16 and block-normalised (the caller's
+    job; :func:`subspace.scoring.normalize_blocks`). ``encoder_dir`` is copied to ``encoder/``.
+    ``sections`` are extra manifest entries (encoder, training, operating_points, ...).
+    Nothing is visible at ``out`` until the whole bundle is on disk.
+    """
+    out = Path(out)
+    emb = np.asarray(embeddings)
+    if emb.ndim != 2 or emb.shape[1] != layout.dim:
+        raise BundleError(f"embeddings: shape {emb.shape} does not match layout dim {layout.dim}")
+    if emb.dtype.name not in DTYPES:
+        raise BundleError(f"embeddings: dtype {emb.dtype} not supported; use one of {DTYPES}")
+    if not np.all(np.isfinite(emb)):
+        raise BundleError("embeddings: contain NaN or inf")
+    id_list = _check_ids(list(ids), emb.shape[0], "ids")
+    reserved = {"format_version", "version", "layout", "corpus", "files"}
+    clash = reserved & set(sections or {})
+    if clash:
+        raise BundleError(f"sections may not override reserved manifest keys {sorted(clash)}")
+    if out.exists() and not overwrite:
+        raise BundleError(f"{out} already exists (pass overwrite=True to replace it)")
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        np.save(tmp / EMBEDDINGS, np.ascontiguousarray(emb), allow_pickle=False)
+        (tmp / IDS).write_text(json.dumps(id_list), encoding="utf-8")
+        if docs is not None:
+            n_docs = 0
+            with (tmp / DOCS).open("w", encoding="utf-8") as fh:
+                for doc in docs:
+                    fh.write(json.dumps(dict(doc), ensure_ascii=False) + "\n")
+                    n_docs += 1
+            if n_docs != emb.shape[0]:
+                raise BundleError(f"docs: {n_docs} rows for {emb.shape[0]} embedding rows")
+        if encoder_dir is not None:
+            shutil.copytree(encoder_dir, tmp / ENCODER)
+        files = {rel: sha256_file(tmp / rel) for rel in _files_under(tmp)}
+        version = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
+        manifest = {
+            "format_version": FORMAT_VERSION,
+            "version": version,
+            "layout": layout.to_dict(),
+            "corpus": {"count": int(emb.shape[0]), "dim": layout.dim, "dtype": emb.dtype.name},
+            **dict(sections or {}),
+            "files": files,
+        }
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=_json_default), "utf-8")
+        for rel in [*files, MANIFEST]:
+            with (tmp / rel).open("rb") as fh:
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o755)
+        if out.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+            os.replace(out, trash / out.name)
+            os.replace(tmp, out)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, out)
+        _fsync_dir(out.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return out
+
+
+def _json_default(obj: Any) -> Any:
+    if isinstance(obj, np.generic):
+        return obj.item()
+    if isinstance(obj, np.ndarray):
+        return obj.tolist()
+    if isinstance(obj, Path):
+        return str(obj)
+    raise TypeError(f"not JSON serialisable: {type(obj).__name__}")
+
+
+def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
+    """Parse and shape-check ``manifest.json`` only (cheap; no checksums)."""
+    p = Path(path) / MANIFEST
+    if not p.is_file():
+        raise BundleError(f"{p}: missing (is {Path(path)} a bundle directory?)")
+    try:
+        manifest = json.loads(p.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{MANIFEST}: not valid JSON ({exc})") from exc
+    if not isinstance(manifest, dict):
+        raise BundleError(f"{MANIFEST}: must be a JSON object")
+    for key in ("format_version", "version", "layout", "corpus", "files"):
+        if key not in manifest:
+            raise BundleError(f"{MANIFEST}: missing field {key!r}")
+    if manifest["format_version"] != FORMAT_VERSION:
+        raise BundleError(
+            f"{MANIFEST}: format_version {manifest['format_version']!r} is not supported "
+            f"(this build reads {FORMAT_VERSION})"
+        )
+    if not isinstance(manifest["files"], dict) or not isinstance(manifest["corpus"], dict):
+        raise BundleError(f"{MANIFEST}: 'files' and 'corpus' must be objects")
+    return manifest
+
+
+def read_bundle(
+    path: str | os.PathLike[str], *, mmap: bool = True, verify_checksums: bool = True
+) -> Bundle:
+    """Open and validate a bundle; raise :class:`BundleError` naming what is wrong.
+
+    Checks, in order: manifest, layout, every listed file present (and no unlisted ones),
+    sha256 of each file, embeddings shape/dtype against the manifest and layout, ids.
+    ``mmap=True`` maps the embeddings read-only (costs disk, not RAM, until touched).
+    """
+    root = Path(path)
+    manifest = read_manifest(root)
+    try:
+        layout = SubspaceLayout.from_dict(manifest["layout"])
+    except (LayoutError, TypeError) as exc:
+        raise BundleError(f"{MANIFEST}: layout is invalid: {exc}") from exc
+
+    listed: dict[str, str] = manifest["files"]
+    for rel in (EMBEDDINGS, IDS):
+        if rel not in listed:
+            raise BundleError(f"{MANIFEST}: 'files' does not list {rel}")
+    present = set(_files_under(root))
+    for rel in listed:
+        if rel not in present:
+            raise BundleError(f"{rel}: listed in the manifest but missing from {root}")
+    extra = sorted(present - set(listed))
+    if extra:
+        raise BundleError(f"{extra[0]}: present in {root} but not listed in the manifest")
+    if verify_checksums:
+        for rel, digest in listed.items():
+            if sha256_file(root / rel) != digest:
+                raise BundleError(f"{rel}: sha256 mismatch (corrupt, truncated or modified file)")
+
+    corpus = manifest["corpus"]
+    try:
+        emb = np.load(root / EMBEDDINGS, mmap_mode="r" if mmap else None, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        raise BundleError(f"{EMBEDDINGS}: unreadable ({exc})") from exc
+    if emb.ndim != 2 or emb.shape[1] != layout.dim:
+        raise BundleError(f"{EMBEDDINGS}: shape {emb.shape} does not match layout dim {layout.dim}")
+    if emb.shape[0] != corpus.get("count"):
+        raise BundleError(
+            f"{EMBEDDINGS}: {emb.shape[0]} rows but manifest corpus.count is {corpus.get('count')}"
+        )
+    if emb.dtype.name != corpus.get("dtype") or emb.dtype.name not in DTYPES:
+        raise BundleError(
+            f"{EMBEDDINGS}: dtype {emb.dtype} but manifest corpus.dtype is {corpus.get('dtype')!r}"
+            f" (supported: {DTYPES})"
+        )
+    try:
+        ids = json.loads((root / IDS).read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{IDS}: not valid JSON ({exc})") from exc
+    if not isinstance(ids, list):
+        raise BundleError(f"{IDS}: must be a JSON list of strings")
+    ids = _check_ids(ids, emb.shape[0], IDS)
+    return Bundle(path=root, manifest=manifest, layout=layout, embeddings=emb, ids=ids)

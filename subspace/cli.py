@@ -1,0 +1,58 @@
+"""The ``esp`` command line: one registry of subcommands, each imported only when used.
+
+A subcommand is a module with ``add_arguments(parser)`` and ``run(args) -> int`` and a
+docstring (its ``--help`` text). Adding one is one line in :data:`COMMANDS`. Modules are
+imported lazily so ``esp --help`` and ``esp bundle-info`` never load torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import logging
+import sys
+from collections.abc import Sequence
+
+#: name -> (module, one-line summary)
+COMMANDS: dict[str, tuple[str, str]] = {
+    "bundle-info": ("subspace.cli_bundle_info", "validate a bundle and print its summary"),
+}
+
+
+def _top_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="esp",
+        description="ESP retrieval: multi-objective embeddings, weights chosen at serving time.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="commands:\n"
+        + "\n".join(f"  {name:<14}{summary}" for name, (_, summary) in COMMANDS.items())
+        + "\n\nRun `esp COMMAND --help` for a command's options.",
+    )
+    parser.add_argument("command", choices=sorted(COMMANDS), metavar="COMMAND")
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] not in COMMANDS:
+        _top_parser().parse_args(args[:1] or ["--help"])
+        return 2
+    name = args[0]
+    module = importlib.import_module(COMMANDS[name][0])
+    parser = argparse.ArgumentParser(
+        prog=f"esp {name}",
+        description=module.__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    module.add_arguments(parser)
+    ns = parser.parse_args(args[1:])
+    logging.basicConfig(
+        level=logging.DEBUG if ns.verbose else logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
+    return int(module.run(ns) or 0)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

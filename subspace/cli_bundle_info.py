@@ -1,0 +1,39 @@
+"""Validate a bundle (checksums, shapes, layout, ids) and print its summary as JSON.
+
+Exit status 0 when the bundle is valid, 1 with the reason when it is not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from subspace.bundle import BundleError, read_bundle
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("bundle", help="bundle directory")
+    parser.add_argument(
+        "--no-verify", action="store_true", help="skip the sha256 checks (faster on big corpora)"
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    try:
+        bundle = read_bundle(args.bundle, verify_checksums=not args.no_verify)
+    except BundleError as exc:
+        print(f"invalid bundle: {exc}", file=sys.stderr)
+        return 1
+    m = bundle.manifest
+    summary = {
+        "path": str(bundle.path),
+        "version": bundle.version,
+        "corpus": m["corpus"],
+        "layout": [o.to_dict() for o in bundle.layout.objectives],
+        "operating_points": sorted(bundle.operating_points),
+        "encoder": bundle.encoder_dir is not None,
+        "sections": sorted(set(m) - {"files", "layout", "corpus"}),
+    }
+    print(json.dumps(summary, indent=2))
+    return 0
