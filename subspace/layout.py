@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -93,7 +93,9 @@ class SubspaceLayout:
             if not isinstance(obj, Objective):
                 raise LayoutError(f"objectives[{i}] is not an Objective")
             if obj.name in seen:
-                raise LayoutError(f"duplicate objective name {obj.name!r} (positions {seen[obj.name]} and {i})")
+                raise LayoutError(
+                    f"duplicate objective name {obj.name!r} (positions {seen[obj.name]} and {i})"
+                )
             seen[obj.name] = i
         expected = 0
         for obj in objectives:
@@ -196,7 +198,7 @@ class SubspaceLayout:
     def __len__(self) -> int:
         return len(self.objectives)
 
-    def __iter__(self) -> Iterable[Objective]:  # type: ignore[override]
+    def __iter__(self) -> Iterator[Objective]:
         return iter(self.objectives)
 
     def __contains__(self, name: object) -> bool:

@@ -26,9 +26,9 @@ def array_module(x: Array) -> ModuleType:
     """numpy for numpy arrays, cupy for cupy arrays (without importing cupy otherwise)."""
     mod = type(x).__module__
     if mod.startswith("cupy"):
-        import cupy  # type: ignore[import-not-found]
+        import cupy
 
-        return cupy  # type: ignore[no-any-return]
+        return cupy
     return np
 
 
