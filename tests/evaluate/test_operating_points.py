@@ -1,0 +1,81 @@
+"""Operating points: picked from the front, validated, and written into a bundle atomically."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from subspace.bundle import read_bundle, write_bundle
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+from subspace.weights import WeightError
+from training.evaluate.operating_points import compute_operating_points, write_operating_points
+
+LAYOUT = SubspaceLayout.from_dims({"semantic": 4, "entity": 2, "intent": 2})
+
+CURVE = [
+    {"weights": {"semantic": 1.0, "entity": 0.0, "intent": 0.0}, "metrics": {"ndcg@10": 0.70, "entity_p@10": 0.40}},
+    {"weights": {"semantic": 0.7, "entity": 0.3, "intent": 0.0}, "metrics": {"ndcg@10": 0.68, "entity_p@10": 0.60}},
+    {"weights": {"semantic": 0.5, "entity": 0.5, "intent": 0.0}, "metrics": {"ndcg@10": 0.60, "entity_p@10": 0.65}},
+    {"weights": {"semantic": 0.0, "entity": 1.0, "intent": 0.0}, "metrics": {"ndcg@10": 0.30, "entity_p@10": 0.70}},
+    # dominated by the second point
+    {"weights": {"semantic": 0.4, "entity": 0.4, "intent": 0.2}, "metrics": {"ndcg@10": 0.50, "entity_p@10": 0.55}},
+]
+
+
+def test_named_points_on_the_front() -> None:
+    pts = compute_operating_points(CURVE, LAYOUT, context="seed 0")
+    assert set(pts) == {"semantic_first", "balanced", "entity_first"}
+    assert pts["semantic_first"]["weights"] == {"semantic": 1.0, "entity": 0.0, "intent": 0.0}
+    assert pts["entity_first"]["weights"] == {"semantic": 0.0, "entity": 1.0, "intent": 0.0}
+    # Scaled over the front (x in [.3, .7], y in [.4, .7]): (.60, .65) -> (.75, .83), distance .30
+    # to (1, 1); (.68, .60) -> (.95, .67), distance .34.
+    assert pts["balanced"]["weights"] == {"semantic": 0.5, "entity": 0.5, "intent": 0.0}
+    assert pts["balanced"]["metrics"] == {"ndcg@10": 0.60, "entity_p@10": 0.65}
+    assert pts["balanced"]["description"].endswith("(seed 0)")
+
+
+def test_bad_inputs_are_named() -> None:
+    with pytest.raises(ValueError, match="allowed"):
+        compute_operating_points(CURVE, LAYOUT, names=["fastest"])
+    bad = [{"weights": {"semantic": 1.0, "price": 1.0}, "metrics": {"ndcg@10": 1.0, "entity_p@10": 1.0}}]
+    with pytest.raises(WeightError, match="price"):
+        compute_operating_points(bad, LAYOUT)
+
+
+def _bundle(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    emb = normalize_blocks(rng.standard_normal((5, LAYOUT.dim)).astype(np.float32), LAYOUT)
+    enc = tmp_path / "enc"
+    enc.mkdir()
+    (enc / "esp_encoder.json").write_text("{}")
+    return write_bundle(
+        tmp_path / "bundle", LAYOUT, emb, [f"d{i}" for i in range(5)],
+        docs=[{"text": f"doc {i}"} for i in range(5)], encoder_dir=enc,
+        sections={"training": {"config": {"seed": 3}}, "operating_points": {}},
+    )
+
+
+def test_write_into_bundle_keeps_everything_else(tmp_path: Path) -> None:
+    path = _bundle(tmp_path)
+    before = read_bundle(path, mmap=False)
+    pts = compute_operating_points(CURVE, LAYOUT)
+    write_operating_points(path, pts)
+    after = read_bundle(path, mmap=False)  # checksums verified
+    assert after.operating_points == pts
+    assert after.manifest["training"] == {"config": {"seed": 3}}
+    assert after.ids == before.ids
+    np.testing.assert_array_equal(after.embeddings, before.embeddings)
+    assert after.docs() == before.docs()
+    assert after.encoder_dir is not None and (after.encoder_dir / "esp_encoder.json").read_text() == "{}"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".bundle")]  # no temp left
+
+
+def test_write_rejects_bad_weights_and_leaves_bundle_untouched(tmp_path: Path) -> None:
+    path = _bundle(tmp_path)
+    manifest = (path / "manifest.json").read_text()
+    with pytest.raises(WeightError, match="operating_points.x.weights"):
+        write_operating_points(path, {"x": {"weights": {"semantic": -1.0}, "description": "", "metrics": {}}})
+    assert (path / "manifest.json").read_text() == manifest

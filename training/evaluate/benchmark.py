@@ -1,0 +1,208 @@
+"""The benchmark's data, read from the shipped folders (no network, no pickle).
+
+- TREC DL 2019+2020 passage pool (24,884 passages), queries per year and NIST graded qrels.
+  Held-out protocol: **cross-year** — a model trained on DL19 queries is scored on DL20 and
+  vice versa, so every score comes from queries the model never trained on.
+- DL-HARD gold entities per query: each gold link's surface form and its Wikipedia title
+  (URL tail, underscores to spaces, disambiguation dropped). A passage "mentions the
+  entity" when it contains any of them as a whole word, case-insensitively.
+- ORCAS-I gold (1,000 queries, manual intent labels), split into stratified folds.
+- MIMICS-Manual refinements as "query + refinement" texts labelled with their parent query.
+"""
+
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from collections import defaultdict
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from training.evaluate.metrics import entity_mentioned, wikipedia_title
+
+YEARS = ("dl19", "dl20")
+_GOLD_YEAR = {"dl19": "2019", "dl20": "2020"}
+
+
+@dataclass
+class DLBench:
+    """Passages, queries, qrels, gold entities and per-query candidate pools of TREC DL."""
+
+    pids: list[str]
+    texts: list[str]
+    queries: dict[str, dict[str, str]]  # year -> qid -> text
+    qrels: dict[str, dict[str, dict[str, int]]]  # year -> qid -> pid -> grade
+    entities: dict[str, tuple[str, ...]]  # qid -> lower-cased surface forms and titles
+    pool: dict[str, list[str]]  # qid -> candidate pids (union of the 5 runs' top-100)
+    row: dict[str, int] = field(init=False)
+    _mentions: dict[tuple[str, int], bool] = field(init=False, default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.row = {p: i for i, p in enumerate(self.pids)}
+
+    def mentions(self, qid: str, row: int) -> bool:
+        """Does passage ``row`` mention one of query ``qid``'s gold entities? (cached)"""
+        key = (qid, row)
+        if key not in self._mentions:
+            self._mentions[key] = entity_mentioned(self.texts[row], self.entities.get(qid, ()))
+        return self._mentions[key]
+
+    def entity_qids(self, year: str) -> list[str]:
+        """Queries of ``year`` that have at least one gold entity."""
+        return [q for q in self.queries[year] if self.entities.get(q)]
+
+
+def _read_queries(path: Path) -> dict[str, str]:
+    out = {}
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            qid, text = line.split("\t", 1)
+            out[qid] = text.strip()
+    return out
+
+
+def _read_qrels(path: Path) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = defaultdict(dict)
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if line.strip():
+            qid, _, pid, grade = line.split()
+            out[qid][pid] = int(grade)
+    return dict(out)
+
+
+def read_gold_entities(path: Path) -> dict[str, tuple[str, ...]]:
+    """``{qid: (surface, title, ...)}`` from DL-HARD's gold-entity-judgements.json (all years)."""
+    raw = json.loads(path.read_text(encoding="utf-8"))
+    out: dict[str, tuple[str, ...]] = {}
+    for year in raw.values():
+        for qid, item in year.items():
+            names: list[str] = []
+            for link in item.get("gold_links", []):
+                for surface, url in link.items():
+                    for n in (surface.strip().lower(), wikipedia_title(url)):
+                        if n and n not in names:
+                            names.append(n)
+            out[str(qid)] = tuple(names)
+    return out
+
+
+def load_dl(root: Path, queries_per_year: int | None = None, pool_per_query: int | None = None) -> DLBench:
+    """Read the TREC DL folder. With ``queries_per_year`` (quick mode) only the first queries of
+    each year that have gold entities are kept, and the corpus shrinks to their pools (the
+    first ``pool_per_query`` candidates of each) plus their judged passages in the pool."""
+    root = Path(root)
+    queries = {y: _read_queries(root / f"queries.{y}.tsv") for y in YEARS}
+    qrels = {y: _read_qrels(root / f"qrels.{y}-passage.txt") for y in YEARS}
+    entities = read_gold_entities(root / "dl-hard" / "gold-entity-judgements.json")
+    pool: dict[str, list[str]] = defaultdict(list)
+    with gzip.open(root / "pool.tsv.gz", "rt", encoding="utf-8") as f:
+        for rec in csv.DictReader(f, delimiter="\t"):
+            cands = pool[rec["qid"]]
+            if rec["pid"] not in cands:
+                cands.append(rec["pid"])
+    keep: set[str] | None = None
+    if queries_per_year is not None:
+        for y in YEARS:
+            chosen = [q for q in queries[y] if entities.get(q)][:queries_per_year]
+            queries[y] = {q: queries[y][q] for q in chosen}
+        keep = set()
+        for y in YEARS:
+            for q in queries[y]:
+                cands = pool[q][:pool_per_query] if pool_per_query else pool[q]
+                keep.update(cands)
+                keep.update(p for p in pool[q] if qrels[y][q].get(p, 0) > 0)
+    pids, texts = [], []
+    with gzip.open(root / "corpus.tsv.gz", "rt", encoding="utf-8") as f:
+        for line in f:
+            pid, text = line.rstrip("\n").split("\t", 1)
+            if keep is None or pid in keep:
+                pids.append(pid)
+                texts.append(text)
+    present = set(pids)
+    pool_out = {q: [p for p in c if p in present] for q, c in pool.items()}
+    return DLBench(pids, texts, queries, qrels, entities, pool_out)
+
+
+@dataclass(frozen=True)
+class LabelledTexts:
+    """Texts with one label each (ORCAS-I intents, or MIMICS parent queries)."""
+
+    texts: list[str]
+    labels: list[str]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+def load_orcas(path: Path, limit: int | None = None) -> LabelledTexts:
+    """ORCAS-I gold: ``qid query did url label_manual`` -> (query, label), file order."""
+    texts, labels = [], []
+    with Path(path).open(encoding="utf-8", newline="") as f:
+        for rec in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            texts.append(rec["query"].strip())
+            labels.append(rec["label_manual"].strip())
+    if limit is not None:
+        idx = stratified_subset(labels, limit)
+        texts, labels = [texts[i] for i in idx], [labels[i] for i in idx]
+    return LabelledTexts(texts, labels)
+
+
+def stratified_subset(labels: list[str], n: int) -> list[int]:
+    """The first ``n`` indices taken round-robin over classes (keeps every class present)."""
+    by: dict[str, list[int]] = defaultdict(list)
+    for i, lab in enumerate(labels):
+        by[lab].append(i)
+    out: list[int] = []
+    queues = [list(v) for v in by.values()]
+    while len(out) < min(n, len(labels)):
+        for qu in queues:
+            if qu and len(out) < n:
+                out.append(qu.pop(0))
+    return sorted(out)
+
+
+def stratified_folds(labels: list[str], n_folds: int, seed: int) -> np.ndarray:
+    """``(n,)`` fold id per item: sklearn ``StratifiedKFold(shuffle=True, random_state=seed)``."""
+    from sklearn.model_selection import StratifiedKFold
+
+    folds = np.empty(len(labels), dtype=np.int64)
+    skf = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
+    for f, (_, test) in enumerate(skf.split(np.zeros(len(labels)), labels)):
+        folds[test] = f
+    return folds
+
+
+def refinement_text(query: str, option: str) -> str:
+    """"query + refinement": the option alone when it already contains the query."""
+    q, o = query.strip(), option.strip()
+    return o if q.lower() in o.lower() else f"{q} {o}"
+
+
+def load_mimics(path: Path, max_queries: int | None = None) -> LabelledTexts:
+    """Unique "query + refinement" texts of MIMICS-Manual, labelled with the parent query.
+
+    Only parent queries with at least two distinct refinements are kept (a cluster of one
+    says nothing about topical agreement); ``max_queries`` keeps the first parents.
+    """
+    by_parent: dict[str, list[str]] = {}
+    with Path(path).open(encoding="utf-8", newline="") as f:
+        for rec in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
+            q = rec["query"].strip()
+            opts = by_parent.setdefault(q, [])
+            for i in range(1, 6):
+                o = (rec.get(f"option_{i}") or "").strip()
+                if o:
+                    t = refinement_text(q, o)
+                    if t not in opts:
+                        opts.append(t)
+    parents = [q for q, o in by_parent.items() if len(o) >= 2]
+    if max_queries is not None:
+        parents = parents[:max_queries]
+    texts, labels = [], []
+    for q in parents:
+        texts.extend(by_parent[q])
+        labels.extend([q] * len(by_parent[q]))
+    return LabelledTexts(texts, labels)

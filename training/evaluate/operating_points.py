@@ -1,0 +1,117 @@
+"""Named operating points on an ESP front, and writing them into a bundle's manifest.
+
+An ESP checkpoint swept over serving weights gives a curve of ``{"weights", "metrics"}``
+points. Three names pick points on its Pareto front (semantic NDCG@10 vs entity
+precision@10, both maximised):
+
+- ``semantic_first``: the highest semantic score (ties: higher entity score);
+- ``entity_first``: the highest entity score (ties: higher semantic score);
+- ``balanced``: the front point nearest the utopia corner after min-max scaling each axis
+  over the front (ties: the first in curve order).
+
+The result has the shape the bundle manifest takes (DESIGN section 3) and the service
+serves: ``{name: {"weights": {...}, "description": str, "metrics": {...}}}``.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from subspace.bundle import read_bundle, write_bundle
+from subspace.layout import SubspaceLayout
+from subspace.weights import resolve_block_weights, weights_dict
+from training.evaluate.metrics import pareto_front
+
+SEMANTIC_METRIC = "ndcg@10"
+ENTITY_METRIC = "entity_p@10"
+
+_DESCRIPTIONS = {
+    "semantic_first": "highest semantic NDCG@10 on the held-out weight sweep",
+    "balanced": "front point nearest the best of both (min-max scaled semantic and entity axes)",
+    "entity_first": "highest entity precision@10 on the held-out weight sweep",
+}
+
+
+def _pick(xy: np.ndarray, front: np.ndarray, name: str) -> int:
+    fx, fy = xy[front, 0], xy[front, 1]
+    if name == "semantic_first":
+        return int(front[np.lexsort((-fy, -fx))[0]])
+    if name == "entity_first":
+        return int(front[np.lexsort((-fx, -fy))[0]])
+    span = np.maximum(xy[front].max(axis=0) - xy[front].min(axis=0), 1e-12)
+    scaled = (xy[front] - xy[front].min(axis=0)) / span
+    dist = np.hypot(1 - scaled[:, 0], 1 - scaled[:, 1])
+    best = np.nonzero(np.isclose(dist, dist.min()))[0]
+    return int(min(front[best]))
+
+
+def compute_operating_points(
+    curve: Sequence[Mapping[str, Any]],
+    layout: SubspaceLayout,
+    *,
+    x_metric: str = SEMANTIC_METRIC,
+    y_metric: str = ENTITY_METRIC,
+    names: Sequence[str] = ("semantic_first", "balanced", "entity_first"),
+    context: str = "",
+) -> dict[str, dict[str, Any]]:
+    """Pick the named points of ``curve`` (each ``{"weights": {name: w}, "metrics": {...}}``).
+
+    Weights are validated against ``layout`` (as the service will) and completed to every
+    layout name. ``context`` (e.g. the evaluation protocol) is appended to each description.
+    """
+    unknown = [n for n in names if n not in _DESCRIPTIONS]
+    if unknown:
+        raise ValueError(f"operating point names {unknown} are unknown; allowed: {sorted(_DESCRIPTIONS)}")
+    pts = [p for p in curve if all(math.isfinite(float(p["metrics"][m])) for m in (x_metric, y_metric))]
+    if not pts:
+        raise ValueError(f"curve has no point with finite {x_metric!r} and {y_metric!r}")
+    xy = np.array([[float(p["metrics"][x_metric]), float(p["metrics"][y_metric])] for p in pts])
+    front = pareto_front(xy)
+    out: dict[str, dict[str, Any]] = {}
+    for name in names:
+        p = pts[_pick(xy, front, name)]
+        w = resolve_block_weights(dict(p["weights"]), layout, field=f"operating_points.{name}.weights")
+        desc = _DESCRIPTIONS[name] + (f" ({context})" if context else "")
+        out[name] = {
+            "weights": weights_dict(w, layout),
+            "description": desc,
+            "metrics": {k: float(v) for k, v in p["metrics"].items()},
+        }
+    return out
+
+
+def write_operating_points(bundle_path: str | Path, points: Mapping[str, Mapping[str, Any]]) -> Path:
+    """Replace the ``operating_points`` section of an existing bundle, keeping everything else.
+
+    The bundle is re-written atomically with :func:`subspace.bundle.write_bundle` (embeddings,
+    ids, docs, encoder and every other manifest section carried over unchanged); every weight
+    is validated against the bundle's layout first, so a bad point never reaches the service.
+    """
+    path = Path(bundle_path)
+    bundle = read_bundle(path, mmap=False)
+    clean: dict[str, Any] = {}
+    for name, point in points.items():
+        if not isinstance(point, Mapping) or "weights" not in point:
+            raise ValueError(f"operating_points.{name} must be an object with 'weights'")
+        field = f"operating_points.{name}.weights"
+        w = resolve_block_weights(dict(point["weights"]), bundle.layout, field=field)
+        clean[name] = {**copy.deepcopy(dict(point)), "weights": weights_dict(w, bundle.layout)}
+    reserved = {"format_version", "version", "layout", "corpus", "files"}
+    sections = {k: v for k, v in bundle.manifest.items() if k not in reserved}
+    sections["operating_points"] = clean
+    return write_bundle(
+        path,
+        bundle.layout,
+        np.array(bundle.embeddings),
+        bundle.ids,
+        docs=bundle.docs(),
+        encoder_dir=bundle.encoder_dir,
+        sections=sections,
+        overwrite=True,
+    )

@@ -1,0 +1,137 @@
+"""Score held-out queries exactly as the service does, and turn rankings into benchmark metrics.
+
+Every ranking goes through :mod:`subspace.scoring` on block-normalised embeddings with
+weights resolved by :mod:`subspace.weights` — the same functions, in the same order, as the
+service's engine: ``resolve_weights -> scale_queries -> weighted_scores -> topk``.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks, scale_queries, subspace_scores, topk, weighted_scores
+from subspace.weights import WeightsInput, resolve_weights
+from training.evaluate.benchmark import DLBench
+from training.evaluate.metrics import kendall_tau, ndcg_at_k, precision_at_k
+
+K_EVAL = 10
+
+
+def search(
+    queries: np.ndarray, corpus: np.ndarray, layout: SubspaceLayout, weights: WeightsInput | None, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top-``k`` ``(scores, rows)`` of block-normalised ``queries (nq, D)`` in ``corpus (N, D)``."""
+    w = resolve_weights(weights, layout)
+    return topk(weighted_scores(scale_queries(queries, w), corpus), k)
+
+
+@dataclass(frozen=True)
+class RetrievalScores:
+    """Mean metrics over held-out queries, and the per-query values they average."""
+
+    ndcg: float
+    entity_p: float
+    per_query_ndcg: dict[str, float]
+    per_query_entity_p: dict[str, float]
+
+
+def score_dl(
+    bench: DLBench,
+    corpus: np.ndarray,
+    queries: Mapping[str, np.ndarray],
+    layout: SubspaceLayout,
+    *,
+    weights: WeightsInput | None,
+    year: str,
+    k: int = K_EVAL,
+) -> RetrievalScores:
+    """NDCG@k (all judged queries of ``year``) and entity precision@k (those with gold entities).
+
+    ``queries``: qid -> block-normalised ``(D,)`` embedding for at least the queries of ``year``.
+    """
+    qids = list(bench.queries[year])
+    q = np.stack([queries[x] for x in qids]).astype(corpus.dtype)
+    _, rows = search(q, corpus, layout, weights, k)
+    ndcg, ent = {}, {}
+    for qid, r in zip(qids, rows, strict=True):
+        ndcg[qid] = ndcg_at_k([bench.pids[i] for i in r], bench.qrels[year].get(qid, {}), k)
+        if bench.entities.get(qid):
+            ent[qid] = precision_at_k([bench.mentions(qid, int(i)) for i in r], k)
+    return RetrievalScores(
+        float(np.mean(list(ndcg.values()))),
+        float(np.mean(list(ent.values()))) if ent else math.nan,
+        ndcg,
+        ent,
+    )
+
+
+def simplex_grid(names: Sequence[str], step: float) -> list[dict[str, float]]:
+    """Every weight vector on the simplex with coordinates in multiples of ``step`` (sum 1)."""
+    n = round(1 / step)
+    if not math.isclose(n * step, 1.0, abs_tol=1e-9) or n < 1:
+        raise ValueError(f"step must divide 1 (e.g. 0.1, 0.25), got {step}")
+    out = []
+    for combo in itertools.product(range(n + 1), repeat=len(names)):
+        if sum(combo) == n:
+            out.append({name: round(c / n, 10) for name, c in zip(names, combo, strict=True)})
+    return out
+
+
+def ranking_conflict(
+    bench: DLBench,
+    corpus: np.ndarray,
+    queries: Mapping[str, np.ndarray],
+    layout: SubspaceLayout,
+    *,
+    first: str,
+    second: str,
+    qids: Sequence[str],
+) -> float:
+    """Mean over ``qids`` of Kendall tau-b between the ``first``- and ``second``-block cosines of
+    the query's candidate pool (per-block scores as :func:`subspace.scoring.subspace_scores`
+    reports them). ``epsilon = 1 - tau`` is the conflict proxy."""
+    a, b = layout.index(first), layout.index(second)
+    taus = []
+    for qid in qids:
+        rows = np.asarray([bench.row[p] for p in bench.pool.get(qid, [])], dtype=np.int64)
+        if rows.size < 2:
+            continue
+        per = subspace_scores(queries[qid][None, :].astype(corpus.dtype), corpus, rows[None, :], layout)[0]
+        t = kendall_tau(per[:, a], per[:, b])
+        if not math.isnan(t):
+            taus.append(t)
+    return float(np.mean(taus)) if taus else math.nan
+
+
+def label_conflict(bench: DLBench, year: str) -> float:
+    """The data's own conflict: mean Kendall tau-b, over queries with gold entities, between the
+    NIST grade and "mentions the gold entity" (0/1) across the query's judged pool passages."""
+    taus = []
+    for qid in bench.entity_qids(year):
+        judged = [(p, g) for p, g in bench.qrels[year].get(qid, {}).items() if p in bench.row]
+        if len(judged) < 2:
+            continue
+        grades = [g for _, g in judged]
+        ment = [float(bench.mentions(qid, bench.row[p])) for p, _ in judged]
+        t = kendall_tau(grades, ment)
+        if not math.isnan(t):
+            taus.append(t)
+    return float(np.mean(taus)) if taus else math.nan
+
+
+def neighbours(
+    emb: np.ndarray, layout: SubspaceLayout, weights: WeightsInput | None, rows: Sequence[int], k: int
+) -> np.ndarray:
+    """``(len(rows), k)`` nearest other items of ``emb`` for each of ``rows`` (self excluded)."""
+    e = normalize_blocks(emb, layout)
+    _, idx = search(e[np.asarray(rows)], e, layout, weights, k + 1)
+    out = np.empty((len(rows), k), dtype=np.int64)
+    for i, (r, cand) in enumerate(zip(rows, idx, strict=True)):
+        out[i] = [c for c in cand if c != r][:k]
+    return out
