@@ -1,0 +1,34 @@
+"""Operating points and A/B experiments: the registry file, deterministic arms, hot reload.
+
+- :mod:`.model`: :class:`Registry` (validated, immutable), :class:`OperatingPoint`,
+  :class:`Experiment`, :class:`Arm`, and :meth:`Registry.resolve`, which turns one query's
+  ``weights`` / ``operating_point`` / ``experiment`` + ``unit_id`` into ``(K,)`` weights.
+- :mod:`.assignment`: ``sha256(salt:unit_id)`` buckets, stable across processes and replicas.
+- :mod:`.loader`: YAML/JSON reading that rejects duplicate keys and empty files.
+- :mod:`.watcher`: :class:`RegistryWatcher`, which re-reads the file (ConfigMap symlink swaps
+  included), validates it against the served layout and keeps the old one when it is bad.
+
+``python -m service.registry check FILE --bundle DIR`` validates a file before it ships.
+"""
+
+from service.registry.model import (
+    Arm,
+    Assignment,
+    Experiment,
+    OperatingPoint,
+    Registry,
+    RegistryError,
+    Resolved,
+)
+from service.registry.watcher import RegistryWatcher
+
+__all__ = [
+    "Arm",
+    "Assignment",
+    "Experiment",
+    "OperatingPoint",
+    "Registry",
+    "RegistryError",
+    "RegistryWatcher",
+    "Resolved",
+]

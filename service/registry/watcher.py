@@ -1,0 +1,217 @@
+"""Keep the served registry in step with its file, and with the served bundle's layout.
+
+In Kubernetes the registry is a mounted ConfigMap. The kubelet updates it atomically: it
+writes a new timestamped directory, then renames a ``..data`` symlink onto it; the file we
+were given (``registry.yaml -> ..data/registry.yaml``) never changes as a symlink. So a
+change is detected by the file's **resolved real path and content hash** (sha256), read on
+every poll (registry files are a few KB). mtime and size are not trusted: a swap can keep
+both (the kubelet copies files), and coarse filesystems round mtimes.
+
+On a change the file is parsed and validated against the current layout. Success swaps the
+new :class:`Registry` in (one reference assignment: a query sees the old or the new one,
+never a mix) and counts ``esp_registry_reloads_total{result="success"}``; failure keeps the
+old one, logs why and counts ``result="failure"`` once per distinct bad content (not once
+per poll). A registry path that does not exist at start is logged and the service runs on
+the bundle's operating points only: an operator expects the service to come up, and the
+file is picked up as soon as it appears. A file that disappears later keeps the last good
+registry (counted as one failure).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from service.metrics import Metrics
+from service.registry.loader import decode
+from service.registry.model import Registry, RegistryError
+from subspace.bundle import Bundle
+from subspace.layout import SubspaceLayout
+
+log = logging.getLogger(__name__)
+
+_MISSING = ("<missing>", "")
+
+
+class RegistryWatcher:
+    """Owns the current :class:`Registry`; ``check_now`` re-reads, ``start`` polls in the background."""
+
+    def __init__(
+        self, path: str | os.PathLike[str] | None, metrics: Metrics, poll_seconds: float = 2.0
+    ) -> None:
+        if poll_seconds <= 0:
+            raise ValueError(f"poll_seconds must be > 0, got {poll_seconds!r}")
+        self.path = Path(path) if path is not None else None
+        self.poll_seconds = float(poll_seconds)
+        self._metrics = metrics
+        self._lock = threading.Lock()
+        self._current = Registry.empty()
+        self._layout: SubspaceLayout | None = None
+        self._bundle_points: Mapping[str, Any] | None = None
+        self._seen: tuple[str, str] | None = None  # (real path, sha256) last acted on
+        self._task: asyncio.Task[None] | None = None
+        #: The last rejection's message (None after a successful load), for logs and debugging.
+        self.last_error: str | None = None
+        #: ``time.time()`` of the last installed registry.
+        self.loaded_at: float | None = None
+
+    @property
+    def current(self) -> Registry:
+        return self._current
+
+    # --- bundle -----------------------------------------------------------------------------
+    def check_bundle(self, bundle: Bundle) -> Registry:
+        """Validate the registry file against ``bundle`` without installing anything.
+
+        Call before swapping a bundle in to learn whether the registry still fits its layout.
+        Raises :class:`RegistryError`.
+        """
+        raw = None
+        if self.path is not None:
+            with contextlib.suppress(FileNotFoundError):
+                raw = self._read(retries=3)[1]
+        return self._parse(raw, bundle.layout, bundle.operating_points)
+
+    def set_bundle(self, bundle: Bundle) -> None:
+        """Adopt the layout and manifest operating points of a newly served bundle.
+
+        The file is re-validated against the new layout. If it no longer fits (say the new
+        bundle dropped a subspace), the old registry cannot be kept either (its weights name the
+        old layout): the bundle's own operating points are served instead, and the failure is
+        logged and counted. Never raises for registry problems: the bundle is already served.
+        """
+        self.set_layout(bundle.layout, bundle.operating_points)
+
+    def set_layout(self, layout: SubspaceLayout, bundle_points: Mapping[str, Any] | None = None) -> None:
+        """:meth:`set_bundle` for a layout without a bundle (tests, tools)."""
+        with self._lock:
+            self._layout = layout
+            self._bundle_points = dict(bundle_points or {})
+            if self.path is not None and self._reload(force=True):
+                return
+            # No file, or it is bad or missing: serve what the bundle alone defines.
+            try:
+                fallback = Registry.parse(None, layout, self._bundle_points)
+            except RegistryError as exc:
+                self._reject(f"bundle operating points rejected, serving none: {exc.message}")
+                fallback = Registry.empty(layout)
+            self._install(fallback, "bundle operating points only")
+
+    # --- the file ---------------------------------------------------------------------------
+    def check_now(self) -> bool:
+        """Re-read the file if it changed; returns whether a new registry was installed."""
+        if self._layout is None:
+            return False  # nothing to validate against until a bundle is set
+        with self._lock:
+            return self._reload(force=False)
+
+    def _read(self, retries: int = 1) -> tuple[tuple[str, str], bytes]:
+        """``((real path, sha256), content)``. Raises FileNotFoundError, RegistryError
+        (unreadable), or InterruptedError when a ``..data`` swap raced every attempt."""
+        assert self.path is not None
+        for _ in range(retries):
+            try:
+                before = os.path.realpath(self.path)
+                raw = self.path.read_bytes()
+                after = os.path.realpath(self.path)
+            except FileNotFoundError:
+                raise
+            except OSError as exc:
+                raise RegistryError(
+                    f"{self.path}: cannot read the registry file: {exc.strerror or exc}"
+                ) from None
+            if before == after:
+                return (after, hashlib.sha256(raw).hexdigest()), raw
+        raise InterruptedError(f"{self.path} changed while being read")
+
+    def _parse(self, raw: bytes | None, layout: SubspaceLayout, points: Mapping[str, Any] | None) -> Registry:
+        doc = None if raw is None else decode(raw, str(self.path))
+        return Registry.parse(doc, layout, points, source=str(self.path) if raw is not None else "bundle")
+
+    def _reload(self, *, force: bool) -> bool:  # noqa: PLR0911 - one return per outcome
+        """Caller holds the lock and has set a layout. ``force``: the layout changed, re-parse."""
+        assert self._layout is not None
+        if self.path is None:
+            return False
+        try:
+            key, raw = self._read()
+        except InterruptedError:
+            return False  # a swap raced the read: the next poll sees the new file
+        except FileNotFoundError:
+            if self._seen != _MISSING:
+                self._seen = _MISSING
+                if self._from_file():
+                    self._reject(f"{self.path}: the registry file disappeared; keeping the last good one")
+                else:
+                    log.warning("registry file %s not found: serving the bundle's operating points only",
+                                self.path)
+            return False
+        except RegistryError as exc:
+            if force or self._seen != ("<unreadable>", exc.message):
+                self._seen = ("<unreadable>", exc.message)
+                self._reject(exc.message)
+            return False
+        if not force and key == self._seen:
+            return False
+        self._seen = key
+        try:
+            registry = self._parse(raw, self._layout, self._bundle_points)
+        except RegistryError as exc:
+            self._reject(exc.message)
+            return False
+        self._install(registry, f"{key[0]} sha256={key[1][:12]}")
+        self._count("success")
+        return True
+
+    def _from_file(self) -> bool:
+        return self._current.source not in (None, "bundle")
+
+    def _install(self, registry: Registry, what: str) -> None:
+        for experiment, arm in registry.known_labels():  # bounded label values, present from the start
+            self._metrics.experiment_requests.labels(experiment=experiment, arm=arm)
+        self._current = registry
+        self.loaded_at = time.time()
+        if self._from_file():
+            self.last_error = None
+        log.info(
+            "registry installed (%s): %d operating points %s, %d experiments %s, default %s",
+            what, len(registry.operating_points), sorted(registry.operating_points),
+            len(registry.experiments), sorted(registry.experiments), registry.default_operating_point,
+        )
+
+    def _reject(self, message: str) -> None:
+        self.last_error = message
+        self._count("failure")
+        log.error("registry rejected: %s", message)
+
+    def _count(self, result: str) -> None:
+        self._metrics.registry_reloads.labels(result=result).inc()
+
+    # --- background polling -----------------------------------------------------------------
+    async def start(self) -> None:
+        """Poll every ``poll_seconds`` in an asyncio task (file reads run in a worker thread)."""
+        if self._task is None or self._task.done():
+            self._task = asyncio.create_task(self._run(), name="esp-registry-watcher")
+
+    async def stop(self) -> None:
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _run(self) -> None:
+        while True:
+            await asyncio.sleep(self.poll_seconds)
+            try:
+                await asyncio.to_thread(self.check_now)
+            except Exception:  # the watcher must outlive any single bad poll
+                log.exception("registry check failed")

@@ -1,0 +1,117 @@
+"""Read endpoints for operating points and experiments (the A/B platform's view of the registry).
+
+- ``GET /v1/operating-points``: every named weight vector, its description, offline metrics
+  and where it came from (``registry`` file or ``bundle`` manifest), plus the default.
+- ``GET /v1/experiments``: experiments with their arms (shares, operating points), traffic and
+  default arm. The salt is not published (anyone holding it could precompute assignments);
+  ``salt_fingerprint`` changes whenever the salt does, so a reshuffle is visible.
+- ``GET /v1/experiments/{name}/assignment?unit_id=...``: the arm a unit gets, its operating
+  point and full weights; exactly what a search with ``experiment`` + ``unit_id`` would use.
+
+All read ``request.app.state.registry`` (a :class:`RegistryWatcher`), one snapshot per request.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Path, Query, Request
+from pydantic import BaseModel, Field
+
+from service.errors import ErrorKind, ServiceError
+from service.registry import Registry, RegistryWatcher
+
+router = APIRouter(tags=["registry"])
+
+
+class OperatingPointOut(BaseModel):
+    name: str
+    weights: dict[str, float] = Field(description="weight per subspace, every subspace of the layout")
+    description: str
+    metrics: dict[str, Any] = Field(description="offline metrics measured at these weights, if known")
+    source: str = Field(description="'registry' (the registry file) or 'bundle' (the bundle manifest)")
+
+
+class OperatingPointsOut(BaseModel):
+    default_operating_point: str | None = Field(
+        description="used when a query names no weights, operating point or experiment"
+    )
+    operating_points: list[OperatingPointOut]
+
+
+class ArmOut(BaseModel):
+    name: str
+    share: float
+    operating_point: str
+
+
+class ExperimentOut(BaseModel):
+    name: str
+    description: str
+    enabled: bool
+    traffic: float = Field(description="fraction of units in the experiment; the rest get default_arm")
+    default_arm: str | None
+    salt_fingerprint: str = Field(description="sha256(salt)[:12]: changes when the arms are reshuffled")
+    arms: list[ArmOut]
+
+
+class ExperimentsOut(BaseModel):
+    experiments: list[ExperimentOut]
+
+
+class AssignmentOut(BaseModel):
+    experiment: str
+    unit_id: str
+    arm: str
+    included: bool = Field(
+        description="false when the unit is outside the experiment's traffic (or the experiment is "
+        "disabled) and is served the default arm: not an exposure"
+    )
+    operating_point: str
+    weights: dict[str, float]
+
+
+def _registry(request: Request) -> Registry:
+    watcher: RegistryWatcher | None = getattr(request.app.state, "registry", None)
+    if watcher is None:
+        raise ServiceError(ErrorKind.NOT_READY, "the operating-point registry is not loaded yet")
+    return watcher.current
+
+
+@router.get("/v1/operating-points", response_model=OperatingPointsOut)
+def list_operating_points(request: Request) -> dict[str, Any]:
+    registry = _registry(request)
+    return {
+        "default_operating_point": registry.default_operating_point,
+        "operating_points": [p.to_dict() for p in registry.operating_points.values()],
+    }
+
+
+@router.get("/v1/experiments", response_model=ExperimentsOut)
+def list_experiments(request: Request) -> dict[str, Any]:
+    return {"experiments": [e.to_dict() for e in _registry(request).experiments.values()]}
+
+
+@router.get("/v1/experiments/{name}/assignment", response_model=AssignmentOut)
+def get_assignment(
+    request: Request,
+    name: Annotated[str, Path(description="experiment name")],
+    unit_id: Annotated[str, Query(min_length=1, max_length=512, description="the unit (user, session) id")],
+) -> dict[str, Any]:
+    registry = _registry(request)
+    if name not in registry.experiments:
+        raise ServiceError(
+            ErrorKind.NOT_FOUND,
+            f"unknown experiment {name!r}; defined: {sorted(registry.experiments)}",
+            "name",
+        )
+    a = registry.assignment(name, unit_id)
+    point = registry.operating_points[a.arm.operating_point]
+    return {
+        "experiment": name,
+        "unit_id": unit_id,
+        "arm": a.arm.name,
+        "included": a.included,
+        "operating_point": point.name,
+        "weights": dict(point.weights),
+    }
