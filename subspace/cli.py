@@ -16,6 +16,7 @@ from collections.abc import Sequence
 #: name -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "bundle-info": ("subspace.cli_bundle_info", "validate a bundle and print its summary"),
+    "serve": ("service.cli_serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),
 }
 
 
