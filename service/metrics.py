@@ -68,6 +68,11 @@ class Metrics:
             "esp_experiment_requests_total", "Queries served per experiment arm.",
             ["experiment", "arm"], registry=r,
         )
+        self.experiment_request_duration = Histogram(
+            "esp_experiment_request_duration_seconds",
+            "Search request latency per experiment arm (observe once per request served by an arm).",
+            ["experiment", "arm"], buckets=LATENCY_BUCKETS, registry=r,
+        )
         self.registry_reloads = Counter(
             "esp_registry_reloads_total", "Operating-point/experiment registry reloads by result.",
             ["result"], registry=r,
@@ -94,6 +99,7 @@ METRIC_NAMES: tuple[str, ...] = (
     "esp_ready",
     "esp_weights_requested",
     "esp_experiment_requests_total",
+    "esp_experiment_request_duration_seconds",
     "esp_registry_reloads_total",
     "esp_bundle_reloads_total",
 )
