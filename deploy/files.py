@@ -1,0 +1,68 @@
+"""Write generated files atomically, or report how the committed ones drift from them."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` via a temp file in the same directory and a rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
+            f.write(text)
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def drift(root: Path, files: Mapping[str, str], pattern: str) -> list[str]:
+    """Differences between ``files`` (relative path -> text) and what lies under ``root``.
+
+    Files under ``root`` matching ``pattern`` that ``files`` does not name count as stale.
+    Returns one line per problem; empty when the tree matches exactly.
+    """
+    problems = []
+    for rel, text in sorted(files.items()):
+        path = root / rel
+        if not path.is_file():
+            problems.append(f"{path.relative_to(REPO_ROOT)}: missing")
+        elif path.read_text(encoding="utf-8") != text:
+            problems.append(f"{path.relative_to(REPO_ROOT)}: differs from what the generator writes")
+    expected = {root / rel for rel in files}
+    for path in sorted(root.glob(pattern)):
+        if path.is_file() and path not in expected:
+            problems.append(f"{path.relative_to(REPO_ROOT)}: stale, the generator no longer writes it")
+    return problems
+
+
+def sync(root: Path, files: Mapping[str, str], pattern: str, *, check: bool, generator: str) -> int:
+    """Write ``files`` under ``root`` (removing stale ones), or with ``check`` only report drift.
+
+    Returns a process exit code: 0 when in sync (or written), 1 when ``check`` found drift.
+    """
+    problems = drift(root, files, pattern)
+    if check:
+        for line in problems:
+            print(line)
+        if problems:
+            print(f"run `python -m {generator}` to regenerate")
+        return 1 if problems else 0
+    for rel, text in files.items():
+        path = root / rel
+        if not path.is_file() or path.read_text(encoding="utf-8") != text:
+            write_atomic(path, text)
+    expected = {root / rel for rel in files}
+    for path in root.glob(pattern):
+        if path.is_file() and path not in expected:
+            path.unlink()
+    print(f"{generator}: {len(files)} files under {root.relative_to(REPO_ROOT)}, {len(problems)} updated")
+    return 0
