@@ -1,0 +1,194 @@
+"""The query encoder that travels inside a bundle's ``encoder/`` folder.
+
+Loadable with torch + transformers + safetensors only (never ``training/``): training writes
+this folder, the service reads it. On-disk format (``format: esp-query-encoder``, version 1)::
+
+    encoder/
+      esp_encoder.json     format, format_version, architecture ("esp" | "single_head"),
+                           pooling ("mean"), max_length, hidden_size,
+                           adapter: null | {kind: "residual_bottleneck", in, hidden, activation: "gelu"},
+                           heads: [{name, in, out}] in layout order,
+                           layout: the SubspaceLayout dict (must equal the bundle's),
+                           intent: null | {objective, block, classes: [...], scale},
+                           normalize: "per_block"
+      heads.safetensors    adapter.down.{weight,bias}, adapter.up.{weight,bias},
+                           heads.<name>.{weight,bias}, intent.prototypes (C, d_block)
+      transformer/         the trunk: config.json + model.safetensors + tokenizer files
+
+Maths (mirrors ``training/model.py``): tokens -> transformer -> mean pooling over the
+attention mask ``(n, H)`` -> ``x + up(gelu(down(x)))`` when there is an adapter -> one linear
+head per block -> each block L2-normalised -> concatenated ``(n, D)``. Intent probabilities
+are ``softmax(scale * cos(z_block, prototype_c))`` over the intent classes. Encoding runs in
+eval mode under ``torch.inference_mode()``, so it is deterministic.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn.functional as F  # noqa: N812 (the PyTorch convention)
+
+from subspace.layout import LayoutError, SubspaceLayout
+
+CONFIG_FILE = "esp_encoder.json"
+HEADS_FILE = "heads.safetensors"
+TRANSFORMER_DIR = "transformer"
+FORMAT = "esp-query-encoder"
+FORMAT_VERSION = 1
+
+
+class EncoderError(ValueError):
+    """An encoder folder that cannot be loaded; the message names the file or field."""
+
+
+class QueryEncoder:
+    """Texts -> block-normalised ``(n, D)`` float32 embeddings (and intent probabilities)."""
+
+    def __init__(
+        self,
+        config: dict[str, Any],
+        model: Any,
+        tokenizer: Any,
+        tensors: dict[str, torch.Tensor],
+        device: str,
+    ) -> None:
+        self.config = config
+        self.model = model
+        self.tokenizer = tokenizer
+        self.device = torch.device(device)
+        try:
+            self.layout = SubspaceLayout.from_dict(config["layout"])
+        except (LayoutError, KeyError, TypeError) as exc:
+            raise EncoderError(f"{CONFIG_FILE}: layout is invalid: {exc}") from exc
+        self.max_length = int(config["max_length"])
+        self._heads = [
+            (h["name"], tensors[f"heads.{h['name']}.weight"], tensors[f"heads.{h['name']}.bias"])
+            for h in config["heads"]
+        ]
+        if [n for n, _, _ in self._heads] != list(self.layout.names):
+            raise EncoderError(
+                f"{CONFIG_FILE}: heads {[n for n, _, _ in self._heads]} do not match "
+                f"layout {list(self.layout.names)}"
+            )
+        for name, w, _ in self._heads:
+            if w.shape[0] != self.layout[name].dim:
+                raise EncoderError(
+                    f"{HEADS_FILE}: heads.{name}.weight has {w.shape[0]} rows, "
+                    f"layout block {name!r} has dim {self.layout[name].dim}"
+                )
+        self._adapter = None
+        if config.get("adapter"):
+            self._adapter = tuple(
+                tensors[f"adapter.{k}"] for k in ("down.weight", "down.bias", "up.weight", "up.bias")
+            )
+        intent = config.get("intent")
+        self.intent_classes: list[str] | None = list(intent["classes"]) if intent else None
+        self._intent_block: str | None = intent["block"] if intent else None
+        self._intent_scale = float(intent["scale"]) if intent else 1.0
+        self._prototypes = tensors.get("intent.prototypes") if intent else None
+        if intent and self._prototypes is None:
+            raise EncoderError(f"{HEADS_FILE}: missing tensor 'intent.prototypes'")
+
+    @classmethod
+    def load(
+        cls, encoder_dir: Path | str, *, device: str = "cpu", threads: int | None = None
+    ) -> QueryEncoder:
+        """Load an ``encoder/`` folder; :class:`EncoderError` names a missing or malformed part."""
+        from safetensors.torch import load_file
+        from transformers import AutoModel, AutoTokenizer
+
+        root = Path(encoder_dir)
+        if threads is not None:
+            torch.set_num_threads(int(threads))
+        cfg_path = root / CONFIG_FILE
+        if not cfg_path.is_file():
+            raise EncoderError(f"{cfg_path}: missing (is {root} an encoder folder?)")
+        try:
+            config = json.loads(cfg_path.read_text(encoding="utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise EncoderError(f"{CONFIG_FILE}: not valid JSON ({exc})") from exc
+        if config.get("format") != FORMAT or config.get("format_version") != FORMAT_VERSION:
+            raise EncoderError(
+                f"{CONFIG_FILE}: format {config.get('format')!r} v{config.get('format_version')!r} "
+                f"is not supported (this build reads {FORMAT!r} v{FORMAT_VERSION})"
+            )
+        for key in ("pooling", "max_length", "heads", "layout"):
+            if key not in config:
+                raise EncoderError(f"{CONFIG_FILE}: missing field {key!r}")
+        if config["pooling"] != "mean":
+            raise EncoderError(
+                f"{CONFIG_FILE}: pooling {config['pooling']!r} is not supported; allowed: 'mean'"
+            )
+        if not (root / HEADS_FILE).is_file():
+            raise EncoderError(f"{root / HEADS_FILE}: missing")
+        try:
+            tensors = load_file(str(root / HEADS_FILE), device="cpu")
+        except Exception as exc:  # safetensors raises its own error types
+            raise EncoderError(f"{HEADS_FILE}: unreadable ({exc})") from exc
+        tdir = root / TRANSFORMER_DIR
+        if not (tdir / "config.json").is_file():
+            raise EncoderError(f"{tdir / 'config.json'}: missing")
+        model = AutoModel.from_pretrained(str(tdir), use_safetensors=True)
+        tokenizer = AutoTokenizer.from_pretrained(str(tdir))
+        model.eval().to(device)
+        tensors = {k: v.to(device) for k, v in tensors.items()}
+        try:
+            return cls(config, model, tokenizer, tensors, device)
+        except KeyError as exc:
+            raise EncoderError(f"{HEADS_FILE}: missing tensor {exc}") from exc
+
+    @property
+    def dim(self) -> int:
+        return self.layout.dim
+
+    def _pooled(self, texts: Sequence[str]) -> torch.Tensor:
+        enc = self.tokenizer(
+            list(texts), padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        )
+        batch = {
+            k: v.to(self.device)
+            for k, v in enc.items()
+            if k in ("input_ids", "attention_mask", "token_type_ids")
+        }
+        hidden = self.model(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        x = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
+        if self._adapter is not None:
+            dw, db, uw, ub = self._adapter
+            x = x + F.linear(F.gelu(F.linear(x, dw, db)), uw, ub)
+        return x
+
+    def _blocks(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        x = self._pooled(texts)
+        return {name: F.normalize(F.linear(x, w, b), dim=-1) for name, w, b in self._heads}
+
+    @torch.inference_mode()
+    def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """``(n, D)`` float32, every block L2-normalised; texts batched by length."""
+        texts = list(texts)
+        out = np.zeros((len(texts), self.layout.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), batch_size):
+            idx = order[start : start + batch_size]
+            blocks = self._blocks([texts[i] for i in idx])
+            out[idx] = torch.cat([blocks[n] for n in self.layout.names], -1).float().cpu().numpy()
+        return out
+
+    @torch.inference_mode()
+    def intent_probs(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """``(n, C)`` softmax probabilities over :attr:`intent_classes`."""
+        if self._prototypes is None or self._intent_block is None or self.intent_classes is None:
+            raise EncoderError("this encoder has no intent objective")
+        texts = list(texts)
+        out = np.zeros((len(texts), len(self.intent_classes)), dtype=np.float32)
+        protos = F.normalize(self._prototypes, dim=-1)
+        for start in range(0, len(texts), batch_size):
+            z = self._blocks(texts[start : start + batch_size])[self._intent_block]
+            logits = self._intent_scale * F.normalize(z, dim=-1) @ protos.T
+            out[start : start + len(z)] = torch.softmax(logits, -1).float().cpu().numpy()
+        return out
