@@ -15,6 +15,13 @@ per poll). A registry path that does not exist at start is logged and the servic
 the bundle's operating points only: an operator expects the service to come up, and the
 file is picked up as soon as it appears. A file that disappears later keeps the last good
 registry (counted as one failure).
+
+Bundle swaps change the layout. The registry then follows, in this order: the file as it is
+now, else the last good file content (the registry in service), else the bundle's own
+operating points. :meth:`RegistryWatcher.check_bundle` answers beforehand whether the first
+or second fits, so a bundle reload can refuse a bundle the registry does not fit; trying the
+file as it is now too means a registry edited for the *next* layout (rejected until then)
+does not block the bundle that needs it.
 """
 
 from __future__ import annotations
@@ -38,11 +45,16 @@ from subspace.layout import SubspaceLayout
 
 log = logging.getLogger(__name__)
 
-_MISSING = ("<missing>", "")
+Key = tuple[str, str]  # (real path, sha256 of the content)
+_MISSING: Key = ("<missing>", "")
 
 
 class RegistryWatcher:
-    """Owns the current :class:`Registry`; ``check_now`` re-reads, ``start`` polls in the background."""
+    """Owns the current :class:`Registry`; ``check_now`` re-reads, ``start`` polls in the background.
+
+    ``app.state.registry`` in the service. Thread-safe: polls run in a worker thread while
+    bundle swaps call :meth:`set_bundle` on the event loop.
+    """
 
     def __init__(
         self, path: str | os.PathLike[str] | None, metrics: Metrics, poll_seconds: float = 2.0
@@ -55,10 +67,11 @@ class RegistryWatcher:
         self._lock = threading.Lock()
         self._current = Registry.empty()
         self._layout: SubspaceLayout | None = None
-        self._bundle_points: Mapping[str, Any] | None = None
-        self._seen: tuple[str, str] | None = None  # (real path, sha256) last acted on
+        self._bundle_points: dict[str, Any] = {}
+        self._seen: Key | None = None  # the file content last acted on (installed or rejected)
+        self._good: tuple[Key, Any] | None = None  # (key, parsed document) of the registry in service
         self._task: asyncio.Task[None] | None = None
-        #: The last rejection's message (None after a successful load), for logs and debugging.
+        #: The last rejection's message (None after a file was installed), for logs and debugging.
         self.last_error: str | None = None
         #: ``time.time()`` of the last installed registry.
         self.loaded_at: float | None = None
@@ -69,24 +82,40 @@ class RegistryWatcher:
 
     # --- bundle -----------------------------------------------------------------------------
     def check_bundle(self, bundle: Bundle) -> Registry:
-        """Validate the registry file against ``bundle`` without installing anything.
+        """Validate the registry against ``bundle`` (layout and manifest points); install nothing.
 
-        Call before swapping a bundle in to learn whether the registry still fits its layout.
-        Raises :class:`RegistryError`.
+        Passes when the file as it is now, or the registry in service, fits the bundle (or,
+        with no file, when the bundle's own operating points are valid). Call it before a
+        bundle swap; raises :class:`RegistryError` naming what does not fit.
         """
-        raw = None
+        errors: list[str] = []
+        docs: list[tuple[str, Any]] = []
+        key: Key | None = None
         if self.path is not None:
-            with contextlib.suppress(FileNotFoundError):
-                raw = self._read(retries=3)[1]
-        return self._parse(raw, bundle.layout, bundle.operating_points)
+            try:
+                key, raw = self._read(retries=3)
+                docs.append((str(self.path), decode(raw, str(self.path))))
+            except (FileNotFoundError, InterruptedError):
+                pass
+            except RegistryError as exc:
+                errors.append(exc.message)
+            good = self._good
+            if good is not None and (not docs or good[0] != key):
+                docs.append((f"{self.path} (the registry in service)", good[1]))
+        if not docs and not errors:
+            docs.append(("bundle", None))
+        for source, doc in docs:
+            try:
+                return Registry.parse(doc, bundle.layout, bundle.operating_points, source=source)
+            except RegistryError as exc:
+                errors.append(exc.message)
+        raise RegistryError("registry does not fit the bundle: " + "; ".join(errors))
 
     def set_bundle(self, bundle: Bundle) -> None:
         """Adopt the layout and manifest operating points of a newly served bundle.
 
-        The file is re-validated against the new layout. If it no longer fits (say the new
-        bundle dropped a subspace), the old registry cannot be kept either (its weights name the
-        old layout): the bundle's own operating points are served instead, and the failure is
-        logged and counted. Never raises for registry problems: the bundle is already served.
+        Never raises for registry problems (the bundle is already served): it installs the best
+        registry that fits (see the module docstring) and logs and counts what did not.
         """
         self.set_layout(bundle.layout, bundle.operating_points)
 
@@ -97,12 +126,22 @@ class RegistryWatcher:
             self._bundle_points = dict(bundle_points or {})
             if self.path is not None and self._reload(force=True):
                 return
-            # No file, or it is bad or missing: serve what the bundle alone defines.
+            # The registry in service, unless that is the content that just failed.
+            if self._good is not None and self._from_file() and self._good[0] != self._seen:
+                try:
+                    registry = Registry.parse(self._good[1], layout, self._bundle_points,
+                                              source=str(self.path))
+                except RegistryError as exc:
+                    self._reject(f"the registry in service does not fit the new layout: {exc.message}")
+                else:
+                    self._install(registry, "the registry in service, re-validated for the new layout")
+                    return
             try:
                 fallback = Registry.parse(None, layout, self._bundle_points)
             except RegistryError as exc:
                 self._reject(f"bundle operating points rejected, serving none: {exc.message}")
                 fallback = Registry.empty(layout)
+            self._good = None
             self._install(fallback, "bundle operating points only")
 
     # --- the file ---------------------------------------------------------------------------
@@ -113,7 +152,7 @@ class RegistryWatcher:
         with self._lock:
             return self._reload(force=False)
 
-    def _read(self, retries: int = 1) -> tuple[tuple[str, str], bytes]:
+    def _read(self, retries: int = 1) -> tuple[Key, bytes]:
         """``((real path, sha256), content)``. Raises FileNotFoundError, RegistryError
         (unreadable), or InterruptedError when a ``..data`` swap raced every attempt."""
         assert self.path is not None
@@ -132,17 +171,17 @@ class RegistryWatcher:
                 return (after, hashlib.sha256(raw).hexdigest()), raw
         raise InterruptedError(f"{self.path} changed while being read")
 
-    def _parse(self, raw: bytes | None, layout: SubspaceLayout, points: Mapping[str, Any] | None) -> Registry:
-        doc = None if raw is None else decode(raw, str(self.path))
-        return Registry.parse(doc, layout, points, source=str(self.path) if raw is not None else "bundle")
-
     def _reload(self, *, force: bool) -> bool:  # noqa: PLR0911 - one return per outcome
-        """Caller holds the lock and has set a layout. ``force``: the layout changed, re-parse."""
+        """Install the file if it changed (or, with ``force``, if it fits a new layout).
+
+        Caller holds the lock and has set a layout. A content already rejected is not counted
+        again, even when ``force`` re-validates it against a new layout and it fails again.
+        """
         assert self._layout is not None
         if self.path is None:
             return False
         try:
-            key, raw = self._read()
+            key, raw = self._read(retries=3 if force else 1)
         except InterruptedError:
             return False  # a swap raced the read: the next poll sees the new file
         except FileNotFoundError:
@@ -155,19 +194,25 @@ class RegistryWatcher:
                                 self.path)
             return False
         except RegistryError as exc:
-            if force or self._seen != ("<unreadable>", exc.message):
-                self._seen = ("<unreadable>", exc.message)
+            key = ("<unreadable>", exc.message)
+            if self._seen != key:
+                self._seen = key
                 self._reject(exc.message)
             return False
         if not force and key == self._seen:
             return False
+        repeat = key == self._seen and (self._good is None or self._good[0] != key)
         self._seen = key
         try:
-            registry = self._parse(raw, self._layout, self._bundle_points)
+            doc = decode(raw, str(self.path))
+            registry = Registry.parse(doc, self._layout, self._bundle_points, source=str(self.path))
         except RegistryError as exc:
-            self._reject(exc.message)
+            if not repeat:
+                self._reject(exc.message)
             return False
+        self._good = (key, doc)
         self._install(registry, f"{key[0]} sha256={key[1][:12]}")
+        self.last_error = None
         self._count("success")
         return True
 
@@ -179,8 +224,6 @@ class RegistryWatcher:
             self._metrics.experiment_requests.labels(experiment=experiment, arm=arm)
         self._current = registry
         self.loaded_at = time.time()
-        if self._from_file():
-            self.last_error = None
         log.info(
             "registry installed (%s): %d operating points %s, %d experiments %s, default %s",
             what, len(registry.operating_points), sorted(registry.operating_points),

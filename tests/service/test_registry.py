@@ -329,3 +329,22 @@ def test_public_experiment_view_hides_the_salt(reg: Registry) -> None:
         {"name": "control", "share": 0.5, "operating_point": "balanced"},
         {"name": "treatment", "share": 0.5, "operating_point": "entity_heavy"},
     ]
+
+
+def test_check_command_validates_like_the_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from service.registry.__main__ import main
+
+    demo = "semantic=256,entity=96,intent=32"
+    assert main(["check", str(EXAMPLE), "--layout", demo]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["default_operating_point"] == "default"
+    assert "entity-weight-2026-q4-v1" not in json.dumps(out)  # the salt stays private
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(EXAMPLE.read_text().replace("entity: 0.8", "entity: -0.8"))
+    assert main(["check", str(bad), "--layout", demo]) == 1
+    assert "operating_points.entity_boost.weights.entity: must be >= 0" in capsys.readouterr().err
+    assert main(["assign", str(EXAMPLE), "entity-weight-2026-q4", "u1", "u2", "--layout", demo]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    reg = Registry.load(EXAMPLE, SubspaceLayout.from_dims({"semantic": 256, "entity": 96, "intent": 32}))
+    assert lines == [f"{u}\t{reg.assign('entity-weight-2026-q4', u).name}\t"
+                     f"{reg.assign('entity-weight-2026-q4', u).operating_point}" for u in ("u1", "u2")]

@@ -257,3 +257,55 @@ def test_background_polling_picks_up_a_change(tmp_path: Path, metrics: Metrics) 
 
     assert asyncio.run(scenario()) == 0.6
     assert w._task is None
+
+
+def test_a_registry_edited_for_the_next_layout_does_not_block_that_bundle(
+    tmp_path: Path, metrics: Metrics
+) -> None:
+    path = tmp_path / "registry.yaml"
+    path.write_text(_text(_doc()))
+    old = read_bundle(_bundle(tmp_path, "old", {"semantic": 16, "entity": 8, "intent": 8}, {}))
+    new = read_bundle(_bundle(tmp_path, "new", {"semantic": 16, "topic": 8}, {}))
+    w = RegistryWatcher(path, metrics)
+    w.set_bundle(old)
+    # the operator ships the registry for the new layout first: rejected while the old one serves
+    path.write_text(_text({"operating_points": {"topical": {"weights": {"topic": 2.0}}}}))
+    assert w.check_now() is False
+    assert "ent" in w.current.experiments
+    assert set(w.check_bundle(new).operating_points) == {"topical"}  # ... yet the new bundle may load
+    w.set_bundle(new)
+    assert set(w.current.operating_points) == {"topical"}
+    assert (_count(metrics, "success"), _count(metrics, "failure")) == (2, 1)
+
+
+def test_a_typo_in_the_file_does_not_block_a_bundle_the_served_registry_fits(
+    tmp_path: Path, metrics: Metrics
+) -> None:
+    path = tmp_path / "registry.yaml"
+    path.write_text(_text(_doc(entity=0.4)))
+    first = read_bundle(_bundle(tmp_path, "b1", {"semantic": 16, "entity": 8, "intent": 8}, {}))
+    second = read_bundle(_bundle(tmp_path, "b2", {"semantic": 16, "entity": 8, "intent": 8},
+                                 {"extra": {"weights": {"intent": 3.0}}}))
+    w = RegistryWatcher(path, metrics)
+    w.set_bundle(first)
+    path.write_text(INVALID["malformed file"])
+    assert w.check_now() is False
+    assert "extra" in w.check_bundle(second).operating_points
+    w.set_bundle(second)
+    # the registry in service, re-validated with the new bundle's points; not the bundle's alone
+    assert w.current.operating_points["entity_heavy"].weights["entity"] == 0.4
+    assert "extra" in w.current.operating_points
+    assert "ent" in w.current.experiments
+    assert _count(metrics, "failure") == 1  # the malformed content, counted once
+
+
+def test_a_bundle_with_invalid_operating_points_fails_the_check(tmp_path: Path, metrics: Metrics) -> None:
+    bad = read_bundle(_bundle(tmp_path, "bad", {"semantic": 16, "entity": 8},
+                              {"p": {"weights": {"semantic": -1.0}}}))
+    w = RegistryWatcher(None, metrics)
+    with pytest.raises(RegistryError, match=r"bundle manifest: operating_points\.p\.weights\.semantic"):
+        w.check_bundle(bad)
+    w.set_bundle(bad)  # if served anyway, it serves no operating points rather than bad ones
+    assert not w.current.operating_points
+    assert w.current.layout == bad.layout
+    assert _count(metrics, "failure") == 1
