@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -194,7 +195,7 @@ class _Checker:
             raise self.fail(where, f"missing required key(s) {missing}")
 
     def name(self, value: Any, where: str, what: str) -> str:
-        if not isinstance(value, str) or not NAME_RE.match(value):
+        if not isinstance(value, str) or not NAME_RE.fullmatch(value):
             raise self.fail(
                 where,
                 f"{what} {value!r} is invalid: use 1-64 letters, digits, '_', '-' or '.', "
@@ -213,7 +214,7 @@ class _Checker:
         if isinstance(value, bool) or not isinstance(value, int | float):
             hint = ""
             if isinstance(value, str) and _looks_numeric(value):
-                hint = " (YAML reads 1e-3 as a string: write 1.0e-3, or quote nothing)"
+                hint = " (YAML 1.1 reads 1e-3 as a string: write 1.0e-3)"
             raise self.fail(where, f"must be a number, got {_kind(value)} {value!r}{hint}")
         f = float(value)
         if not math.isfinite(f):
@@ -433,8 +434,8 @@ class Registry:
         }
 
     @classmethod
-    def load(cls, path: Any, layout: SubspaceLayout, bundle_points: Mapping[str, Any] | None = None
-             ) -> Registry:
+    def load(cls, path: str | os.PathLike[str], layout: SubspaceLayout,
+             bundle_points: Mapping[str, Any] | None = None) -> Registry:
         """Read and validate a YAML or JSON registry file (see :mod:`.loader`)."""
         from service.registry.loader import load_document
 

@@ -222,6 +222,7 @@ class RegistryWatcher:
     def _install(self, registry: Registry, what: str) -> None:
         for experiment, arm in registry.known_labels():  # bounded label values, present from the start
             self._metrics.experiment_requests.labels(experiment=experiment, arm=arm)
+            self._metrics.experiment_request_duration.labels(experiment=experiment, arm=arm)
         self._current = registry
         self.loaded_at = time.time()
         log.info(

@@ -98,6 +98,8 @@ def test_parse_completes_weights_and_keeps_order() -> None:
         ({"operating_points__balanced__weights": [1.0, 1.0, 1.0]}, "operating_points.balanced.weights",
          "mapping"),
         ({"operating_points__bad name": {"weights": {}}}, "operating_points.bad name", "invalid"),
+        ({"operating_points__trailing\n": {"weights": {}}}, "operating_points.trailing\n", "invalid"),
+        ({"experiments__ent__arms__0__name": "x" * 65}, "experiments.ent.arms[0].name", "1-64"),
         ({"experiments__ent__arms__1__share": 0.4}, "experiments.ent.arms", "sum to 1"),
         ({"experiments__ent__arms__1__share": 0.0}, "experiments.ent.arms[1].share", "> 0"),
         ({"experiments__ent__arms__0__share": -0.5, "experiments__ent__arms__1__share": 1.5},

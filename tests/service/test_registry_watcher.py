@@ -196,9 +196,12 @@ def test_experiment_label_values_are_initialised_from_the_registry(tmp_path: Pat
     path.write_text(_text(_doc()))
     _watcher(path, metrics)
     for arm in ("control", "treatment"):
-        assert metrics.registry.get_sample_value(
-            "esp_experiment_requests_total", {"experiment": "ent", "arm": arm}
-        ) == 0.0
+        labels = {"experiment": "ent", "arm": arm}
+        assert metrics.registry.get_sample_value("esp_experiment_requests_total", labels) == 0.0
+        assert metrics.registry.get_sample_value("esp_experiment_request_duration_seconds_count", labels) == 0.0
+    assert metrics.registry.get_sample_value(
+        "esp_experiment_requests_total", {"experiment": "ent", "arm": "other"}
+    ) is None
 
 
 def _bundle(root: Path, name: str, dims: dict[str, int], points: dict) -> Path:
