@@ -24,6 +24,11 @@ def write_atomic(path: Path, text: str) -> None:
         raise
 
 
+def shown(path: Path) -> str:
+    """``path`` relative to the repository when inside it (for messages)."""
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
 def drift(root: Path, files: Mapping[str, str], pattern: str) -> list[str]:
     """Differences between ``files`` (relative path -> text) and what lies under ``root``.
 
@@ -34,13 +39,13 @@ def drift(root: Path, files: Mapping[str, str], pattern: str) -> list[str]:
     for rel, text in sorted(files.items()):
         path = root / rel
         if not path.is_file():
-            problems.append(f"{path.relative_to(REPO_ROOT)}: missing")
+            problems.append(f"{shown(path)}: missing")
         elif path.read_text(encoding="utf-8") != text:
-            problems.append(f"{path.relative_to(REPO_ROOT)}: differs from what the generator writes")
+            problems.append(f"{shown(path)}: differs from what the generator writes")
     expected = {root / rel for rel in files}
     for path in sorted(root.glob(pattern)):
         if path.is_file() and path not in expected:
-            problems.append(f"{path.relative_to(REPO_ROOT)}: stale, the generator no longer writes it")
+            problems.append(f"{shown(path)}: stale, the generator no longer writes it")
     return problems
 
 
@@ -64,5 +69,5 @@ def sync(root: Path, files: Mapping[str, str], pattern: str, *, check: bool, gen
     for path in root.glob(pattern):
         if path.is_file() and path not in expected:
             path.unlink()
-    print(f"{generator}: {len(files)} files under {root.relative_to(REPO_ROOT)}, {len(problems)} updated")
+    print(f"{generator}: {len(files)} files under {shown(root)}, {len(problems)} updated")
     return 0
