@@ -33,3 +33,24 @@ bench: setup
 
 clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
+
+# --- Deployment: docker/, helm/esp-retrieval/, k8s-manifests/, deploy/ (all checks run offline) ---
+.PHONY: dashboards manifests deploy-check monitor-check
+
+# Regenerate the Grafana dashboards (deploy/dashboards.py) into helm/esp-retrieval/dashboards/.
+dashboards: setup
+	$(PY) -m deploy.dashboards
+
+# Re-render k8s-manifests/ (kustomize base + overlays cpu, gpu) from the chart.
+manifests: setup
+	$(PY) -m deploy.manifests
+
+# Every deployment check: chart render + strict schema validation, manifests drift, hadolint,
+# promtool on alerts and dashboard queries, metrics exported by a live service, Prometheus.
+deploy-check: setup
+	$(PY) -m pytest tests/deploy -q
+
+# Debian's Prometheus on loopback scrapes a running `esp serve` and answers dashboard queries.
+monitor-check: setup
+	@command -v prometheus >/dev/null || { echo "monitor-check needs prometheus: apt-get install prometheus" >&2; exit 1; }
+	$(PY) -m pytest tests/deploy/test_live_monitoring.py -q -rs
