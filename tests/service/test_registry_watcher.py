@@ -312,3 +312,50 @@ def test_a_bundle_with_invalid_operating_points_fails_the_check(tmp_path: Path, 
     assert not w.current.operating_points
     assert w.current.layout == bad.layout
     assert _count(metrics, "failure") == 1
+
+
+def test_readers_see_whole_registries_while_configmap_swaps_race_the_polls(
+    tmp_path: Path, metrics: Metrics, caplog: pytest.LogCaptureFixture
+) -> None:
+    import threading
+
+    mount = tmp_path / "registry"
+    mount.mkdir()
+    contents = [_text(_doc(entity=0.8)), _text(_doc(entity=0.7)), INVALID["negative weight"]]
+    _configmap_write(mount, {"registry.yaml": contents[0]}, "0000")
+    w = _watcher(mount / "registry.yaml", metrics)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def swapper() -> None:
+        try:
+            for i in range(1, 60):
+                _configmap_write(mount, {"registry.yaml": contents[i % 3]}, f"{i:04d}")
+        except BaseException as exc:
+            errors.append(exc)
+        finally:
+            stop.set()
+
+    def poller() -> None:
+        try:
+            while not stop.is_set():
+                w.check_now()
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=swapper), threading.Thread(target=poller)]
+    for t in threads:
+        t.start()
+    seen = set()
+    while not stop.is_set():
+        r = w.current.resolve(LAYOUT, operating_point="entity_heavy")
+        seen.add(r.weights_used["entity"])
+    for t in threads:
+        t.join()
+    assert not errors
+    assert seen <= {0.8, 0.7}
+    _configmap_write(mount, {"registry.yaml": contents[1]}, "9999")
+    w.check_now()
+    assert w.current.operating_points["entity_heavy"].weights["entity"] == 0.7
+    # a swap is never mistaken for a vanished file
+    assert not [r for r in caplog.records if "disappeared" in r.getMessage() or "not found" in r.getMessage()]
