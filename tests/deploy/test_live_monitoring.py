@@ -59,6 +59,7 @@ def service(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Iter
         proc.stop()
 
 
+@pytest.mark.slow  # the module's service fixture: tiny bundle + `esp serve` start, ~10-60 s
 def test_every_metric_used_by_dashboards_and_alerts_is_exported(service: Process) -> None:
     exposition = httpx.get(f"{service.url}/metrics", timeout=10).text
     exported = exposed_series(exposition)
