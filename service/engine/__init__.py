@@ -1,0 +1,101 @@
+"""Exhaustive weighted kNN engine: one interface, a registry of backends, a logged fallback chain.
+
+``create_engine("auto", corpus, layout)`` tries the backends fastest-first and logs why each one
+that could not start was skipped (e.g. ``cupy: CUDA not available``). Every backend returns the
+exact float64 top k (see :mod:`service.engine.base`); they differ only in speed and memory.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+
+import numpy as np
+
+from service.engine.base import (
+    PRECISIONS,
+    Backend,
+    BackendUnavailable,
+    EngineInputError,
+    SearchResult,
+    check_precision,
+)
+from service.engine.cupy_backend import CupyBackend
+from service.engine.faiss_backend import FaissBackend
+from service.engine.numpy_backend import NumpyBackend
+from service.engine.torch_backend import TorchBackend
+from subspace.layout import SubspaceLayout
+
+log = logging.getLogger(__name__)
+
+# registry: one line per backend (each module imports its library only when constructed)
+BACKENDS: dict[str, type[Backend]] = {
+    NumpyBackend.name: NumpyBackend,
+    TorchBackend.name: TorchBackend,
+    FaissBackend.name: FaissBackend,
+    CupyBackend.name: CupyBackend,
+}
+
+# "auto": fastest first, per storage precision, as measured by bench/knn.py on a 2-core CPU
+AUTO_ORDER: dict[str, tuple[str, ...]] = {
+    "float32": ("cupy", "numpy", "torch", "faiss"),
+    "float16": ("cupy", "torch", "faiss", "numpy"),
+    "bfloat16": ("cupy", "torch", "faiss"),
+}
+
+
+def create_engine(
+    name: str,
+    corpus: np.ndarray,
+    layout: SubspaceLayout,
+    *,
+    precision: str = "float32",
+    threads: int | None = None,
+    fallback: Sequence[str] | None = None,
+    chunk_rows: int | None = None,
+) -> Backend:
+    """Start backend ``name`` (or the first of :data:`AUTO_ORDER` that works, for ``"auto"``).
+
+    If it cannot start here, each name in ``fallback`` is tried in turn; every skip is logged
+    with its reason. Raises :class:`BackendUnavailable` listing all reasons when none starts,
+    and :class:`EngineInputError` for an unknown backend or precision name.
+    """
+    check_precision(precision)
+    chain = list(AUTO_ORDER[precision]) if name == "auto" else [name, *(fallback or ())]
+    for candidate in chain:
+        if candidate not in BACKENDS:
+            raise EngineInputError(
+                f"unknown engine backend {candidate!r}; allowed: {['auto', *BACKENDS]}", "backend"
+            )
+    reasons: list[str] = []
+    for candidate in chain:
+        try:
+            engine = BACKENDS[candidate](
+                corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows
+            )
+        except (BackendUnavailable, ImportError) as exc:
+            reason = str(exc) if str(exc).startswith(f"{candidate}:") else f"{candidate}: {exc}"
+            log.warning("engine backend skipped: %s", reason)
+            reasons.append(reason)
+            continue
+        log.info(
+            "engine backend %s started (precision %s, %d threads, %d docs)",
+            candidate,
+            precision,
+            engine.threads,
+            engine.num_docs,
+        )
+        return engine
+    raise BackendUnavailable("no engine backend could start: " + "; ".join(reasons))
+
+
+__all__ = [
+    "AUTO_ORDER",
+    "BACKENDS",
+    "PRECISIONS",
+    "Backend",
+    "BackendUnavailable",
+    "EngineInputError",
+    "SearchResult",
+    "create_engine",
+]

@@ -1,0 +1,289 @@
+"""The engine contract: exact weighted top-k over one concatenated, block-normalised corpus.
+
+DESIGN section 1: with block-normalised rows and weights ``w_k >= 0``,
+``score(q, d) = sum_k w_k <q_k, d_k> = <concat_k(w_k q_k), d>``, so a backend only ever scans
+block-*scaled* queries against the unchanged corpus. Every backend follows the same recipe:
+
+1. **scan** (backend-specific, chunked, float32 or low precision): the top ``c >= k``
+   candidates per query by the scan score ``s'``, sorted, ties at the cut kept;
+2. **completeness check** (here): ``|s' - s| <= eps`` is bounded from the scan's roundoff
+   (``eps = rel_error * sum_k w_k |q_k| max|d_k|``). If ``s'_(c) < s'_(k) - 2 eps`` no row outside
+   the candidates can reach the top k; otherwise that query is rescanned with ``4c``;
+3. **exact re-rank** (here): candidates re-scored in float64 from the master corpus (the
+   float32 or float16 matrix as given, e.g. memory-mapped from the bundle), ordered by
+   (score desc, row asc).
+
+So every backend and precision returns exactly the float64 brute-force top k; low precision
+changes only speed (and, on adversarial data, how often step 2 rescans).
+"""
+
+from __future__ import annotations
+
+import os
+from abc import ABC, abstractmethod
+from typing import Any, ClassVar, NamedTuple
+
+import numpy as np
+
+from subspace.layout import SubspaceLayout
+from subspace.scoring import subspace_scores
+
+PRECISIONS: dict[str, float] = {
+    # storage precision -> unit roundoff of one stored value (0 = the master itself)
+    "float32": 0.0,
+    "float16": 2.0**-11,
+    "bfloat16": 2.0**-8,
+}
+_U32 = 2.0**-24
+_RERANK_BLOCK = 1 << 21  # float64 elements gathered at once by the re-rank (16 MiB)
+
+
+class SearchResult(NamedTuple):
+    scores: np.ndarray  # (nq, k') float32, descending; k' = min(k, N)
+    rows: np.ndarray  # (nq, k') int64 row indices into the corpus; ties -> lower row first
+    subspace_scores: np.ndarray  # (nq, k', K) float32 per-block cosines of those hits (unweighted)
+
+
+class BackendUnavailable(RuntimeError):  # noqa: N818 - the name is the interface
+    """A backend cannot start here (missing library, no device, unsupported precision)."""
+
+
+class EngineInputError(ValueError):
+    """Bad search input; ``field`` names it (``queries``, ``block_weights``, ``k``, ...)."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+def default_threads() -> int:
+    """All cores this process may run on."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # not Linux
+        return os.cpu_count() or 1
+
+
+class Backend(ABC):
+    """Load a corpus once; answer batches of weighted queries exactly.
+
+    ``corpus``: ``(N, D)`` float32 or float16, block-normalised; kept as given (no copy), so a
+    read-only ``np.memmap`` from the bundle stays on disk. ``precision`` is the storage the scan
+    reads: ``float32`` scans the master itself, ``float16``/``bfloat16`` scan a low-precision
+    copy in RAM and re-rank against the master. ``threads`` defaults to all cores;
+    ``chunk_rows`` (rows scanned per step) defaults to a size that keeps the working set small.
+    """
+
+    name: ClassVar[str]
+    precisions: ClassVar[tuple[str, ...]] = ("float32",)
+
+    def __init__(
+        self,
+        corpus: np.ndarray,
+        layout: SubspaceLayout,
+        *,
+        precision: str = "float32",
+        threads: int | None = None,
+        chunk_rows: int | None = None,
+    ) -> None:
+        check_precision(precision)
+        if precision not in self.precisions:
+            raise BackendUnavailable(
+                f"{self.name}: precision {precision!r} is not supported here; "
+                f"supported: {list(self.precisions)}"
+            )
+        if not isinstance(corpus, np.ndarray) or corpus.ndim != 2:
+            raise EngineInputError("corpus must be a 2-D numpy array (N, D)", "corpus")
+        if corpus.dtype not in (np.float32, np.float16):
+            raise EngineInputError(f"corpus dtype must be float32 or float16, got {corpus.dtype}", "corpus")
+        if corpus.shape[1] != layout.dim:
+            raise EngineInputError(
+                f"corpus has {corpus.shape[1]} columns, the layout has {layout.dim}", "corpus"
+            )
+        if corpus.shape[0] == 0:
+            raise EngineInputError("corpus is empty: at least one row is required", "corpus")
+        if threads is not None and (isinstance(threads, bool) or not isinstance(threads, int) or threads < 1):
+            raise EngineInputError(f"threads must be an integer >= 1 or None, got {threads!r}", "threads")
+        if chunk_rows is not None and (
+            isinstance(chunk_rows, bool) or not isinstance(chunk_rows, int) or chunk_rows < 1
+        ):
+            raise EngineInputError(
+                f"chunk_rows must be an integer >= 1 or None, got {chunk_rows!r}", "chunk_rows"
+            )
+        self.master = corpus
+        self.layout = layout
+        self._precision = precision
+        self.threads = threads or default_threads()
+        self.chunk_rows = chunk_rows
+        self._indicator = layout.indicator(np.float64)
+        self._max_block_norm = max_block_norms(corpus, layout)
+        self.rescans = 0  # queries that needed a wider candidate set (step 2), since start
+
+    # --- properties ---------------------------------------------------------------------
+    @property
+    def num_docs(self) -> int:
+        return int(self.master.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.master.shape[1])
+
+    @property
+    def precision(self) -> str:
+        return self._precision
+
+    def set_threads(self, threads: int) -> None:
+        """Change the thread count for later searches."""
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise EngineInputError(f"threads must be an integer >= 1, got {threads!r}", "threads")
+        self.threads = threads
+
+    # --- what a backend implements ----------------------------------------------------------
+    @abstractmethod
+    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top ``c`` rows per query by scan score: ``(rows int64, scores float32)``, ``(nq, m)``.
+
+        ``scaled``: ``(nq, D)`` float32 block-scaled queries. Sorted by score desc; entries tied
+        with the ``c``-th may be included (``m > c``); padding is row ``-1``, score ``-inf``.
+        """
+
+    def _scan_rel_error(self, nq: int) -> float:
+        """Bound on ``|s' - s|`` per unit of ``sum_k w_k |q_k| |d_k|`` for a scan of ``nq`` queries.
+
+        Storage rounding of the corpus (unit roundoff ``u``) plus float32 rounding of the scaled
+        query and of the sums (``~D u32``, Higham's dot-product bound, doubled for safety).
+        Backends that also round the query and the product to low precision add ``2u``.
+        """
+        u = PRECISIONS[self._precision]
+        return (1.0 + 2.0 * self._lowp_products(nq)) * u + 2.0 * (self.dim + 4) * _U32
+
+    def _lowp_products(self, nq: int) -> bool:
+        """Does a scan of ``nq`` queries round queries and products to the storage precision?"""
+        return False
+
+    def candidates(self, k: int) -> int:
+        """Candidate-set size for a top ``k``: a margin for fp32 roundoff, more for low precision."""
+        if self._precision == "float32":
+            return k + max(8, k // 8)
+        return k + max(64, k)
+
+    # --- the search -----------------------------------------------------------------------
+    def search(self, queries: np.ndarray, block_weights: np.ndarray, k: int) -> SearchResult:
+        """Exact weighted top ``k`` of a batch.
+
+        ``queries``: ``(nq, D)`` block-normalised, unscaled; ``block_weights``: ``(K,)`` or
+        ``(nq, K)``, finite and ``>= 0``. Returns ``min(k, N)`` hits per query.
+        """
+        q, w, k = self._validate(queries, block_weights, k)
+        nq, n = q.shape[0], self.num_docs
+        kk = min(k, n)
+        wd = self.layout.expand(w)  # (nq, D) float64
+        scaled64 = q.astype(np.float64) * wd
+        scaled32 = scaled64.astype(np.float32)
+        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)  # (nq, K)
+        scale = (w * qnorm) @ self._max_block_norm  # (nq,) bound on sum_k w_k |q_k| |d_k|
+
+        out_rows = np.empty((nq, kk), np.int64)
+        out_scores = np.empty((nq, kk), np.float32)
+        pending = np.arange(nq)
+        c = self.candidates(kk)
+        while pending.size:
+            if c >= n:
+                rows = np.broadcast_to(np.arange(n, dtype=np.int64), (pending.size, n))
+                done = np.ones(pending.size, bool)
+            else:
+                rows, scan = self._scan(scaled32[pending], c)
+                eps = self._scan_rel_error(pending.size) * scale[pending]
+                done = self._complete(rows, scan, kk, c, eps)
+            if done.any():
+                idx = pending[done]
+                r, s = self._rerank(scaled64[idx], rows[done], kk)
+                out_rows[idx], out_scores[idx] = r, s
+            if not done.all():
+                self.rescans += int((~done).sum())
+            pending = pending[~done]
+            c *= 4
+        sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
+        return SearchResult(out_scores, out_rows, sub)
+
+    def warmup(self) -> None:
+        """One tiny search, so first-request costs (thread pools, page-ins) are paid up front."""
+        q = np.asarray(self.master[:1], dtype=np.float32)
+        self.search(q, self.layout.default_weights(), 1)
+
+    # --- steps 2 and 3 ----------------------------------------------------------------------
+    def _complete(self, rows: np.ndarray, scan: np.ndarray, k: int, c: int, eps: np.ndarray) -> np.ndarray:
+        """Per query: can no row outside the candidates reach the exact top ``k``?"""
+        count = (rows >= 0).sum(axis=1)
+        if rows.shape[1] < c:
+            return count >= self.num_docs
+        gap_ok = scan[:, c - 1].astype(np.float64) < scan[:, k - 1].astype(np.float64) - 2.0 * eps
+        return (count >= self.num_docs) | gap_ok
+
+    def _rerank(self, scaled64: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Float64 scores of candidate ``rows`` ``(nq, m)`` (``-1`` = padding); exact top ``k``."""
+        nq, m = rows.shape
+        exact = np.full((nq, m), -np.inf)
+        cols = max(1, min(m, _RERANK_BLOCK // self.dim))
+        step = max(1, _RERANK_BLOCK // (self.dim * cols))
+        for q0 in range(0, nq, step):
+            q1 = min(nq, q0 + step)
+            for c0 in range(0, m, cols):
+                c1 = min(m, c0 + cols)
+                r = rows[q0:q1, c0:c1]
+                valid = r >= 0
+                hits = np.asarray(self.master[np.where(valid, r, 0).reshape(-1)], dtype=np.float64)
+                hits = hits.reshape(q1 - q0, c1 - c0, self.dim)
+                s = np.matmul(hits, scaled64[q0:q1, :, None])[..., 0]
+                exact[q0:q1, c0:c1] = np.where(valid, s, -np.inf)
+        key_rows = np.where(rows >= 0, rows, np.iinfo(np.int64).max)
+        order = np.lexsort((key_rows, -exact), axis=-1)[:, :k]
+        return np.take_along_axis(rows, order, 1), np.take_along_axis(exact, order, 1).astype(np.float32)
+
+    # --- validation -------------------------------------------------------------------------
+    def _validate(self, queries: Any, block_weights: Any, k: Any) -> tuple[np.ndarray, np.ndarray, int]:
+        if isinstance(k, bool) or not isinstance(k, int | np.integer) or k < 1:
+            raise EngineInputError(f"k must be an integer >= 1, got {k!r}", "k")
+        q = np.asarray(queries)
+        if q.ndim != 2 or q.shape[1] != self.dim or q.shape[0] == 0:
+            raise EngineInputError(f"queries must have shape (nq >= 1, {self.dim}), got {q.shape}", "queries")
+        if not np.issubdtype(q.dtype, np.floating):
+            raise EngineInputError(f"queries must be floating point, got {q.dtype}", "queries")
+        q = np.ascontiguousarray(q, dtype=np.float32)
+        if not np.isfinite(q).all():
+            raise EngineInputError("queries contain NaN or infinite values", "queries")
+        K = len(self.layout)
+        w = np.asarray(block_weights, dtype=np.float64)
+        if w.shape not in ((K,), (q.shape[0], K)):
+            raise EngineInputError(
+                f"block_weights must have shape ({K},) or ({q.shape[0]}, {K}) in layout order "
+                f"{list(self.layout.names)}, got {w.shape}",
+                "block_weights",
+            )
+        if not np.isfinite(w).all() or (w < 0).any():
+            raise EngineInputError("block_weights must be finite and >= 0", "block_weights")
+        return q, np.broadcast_to(w, (q.shape[0], K)), int(k)
+
+
+def check_precision(precision: str) -> None:
+    if precision not in PRECISIONS:
+        raise EngineInputError(
+            f"precision {precision!r} is unknown; allowed: {list(PRECISIONS)}", "precision"
+        )
+
+
+def max_block_norms(corpus: np.ndarray, layout: SubspaceLayout, chunk: int = 16384) -> np.ndarray:
+    """``(K,)`` float64: the largest L2 norm of each block over the corpus (one chunked pass).
+
+    Normally ~1 (block-normalised rows); measured rather than assumed so that the completeness
+    bound stays a bound on any corpus. Rejects NaN or infinite values.
+    """
+    m = layout.indicator(np.float32)
+    out = np.zeros(len(layout), np.float32)
+    for s in range(0, corpus.shape[0], chunk):
+        block = np.asarray(corpus[s : s + chunk], dtype=np.float32)
+        sq = (block * block) @ m
+        if not np.isfinite(sq).all():
+            raise EngineInputError(f"corpus rows {s}..{s + len(block) - 1} contain NaN or inf", "corpus")
+        np.maximum(out, sq.max(axis=0), out=out)
+    return np.sqrt(out.astype(np.float64)) * (1.0 + 1e-5)

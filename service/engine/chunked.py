@@ -1,0 +1,117 @@
+"""Chunked scan shared by the CPU matrix-product backends (numpy, torch).
+
+The corpus is split into one contiguous row range per thread; each worker scans its range
+``chunk_rows`` at a time into a reused score buffer ``(nq, chunk_rows)`` and feeds a
+:class:`TopCandidates`. The working set is therefore ``threads * nq * chunk_rows`` floats plus
+the candidates, never ``nq x N``. Workers run in Python threads: the matrix products and the
+comparisons release the GIL, and each worker's library call is limited to one thread so the
+two levels of parallelism do not oversubscribe the cores.
+"""
+
+from __future__ import annotations
+
+import itertools
+from abc import abstractmethod
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any
+
+import numpy as np
+
+from service.engine._select import TopCandidates
+from service.engine.base import Backend
+
+_WORKING_SET = 1 << 22  # score-buffer floats per worker (16 MiB) when chunk_rows is not given
+_MAX_GROUP = 512  # queries scanned together; larger batches are split
+
+
+class ChunkedBackend(Backend):
+    """A :class:`Backend` whose scan is ``_chunk_scores`` over row chunks, in worker threads."""
+
+    _pool: ThreadPoolExecutor | None = None
+
+    @abstractmethod
+    def _prepare(self, scaled: np.ndarray, lowp_products: bool) -> Any:
+        """Queries ``(nq, D)`` float32 -> the form ``_chunk_scores`` wants (e.g. a tensor).
+
+        ``lowp_products``: the scan may round queries and products to the storage precision
+        (decided once per scan, as the completeness bound of :class:`Backend` assumes).
+        """
+
+    @abstractmethod
+    def _chunk_scores(self, prepared: Any, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        """Scan scores of rows ``start:stop``, written into ``out`` ``(nq, stop - start)`` float32."""
+
+    def _worker_limits(self) -> AbstractContextManager[Any]:
+        """Context entered around a whole scan, e.g. one BLAS thread per worker."""
+        return nullcontext()
+
+    def _chunk_for(self, nq: int) -> int:
+        if self.chunk_rows:
+            return self.chunk_rows
+        return int(min(65536, max(2048, _WORKING_SET // max(1, nq))))
+
+    def _ranges(self, chunk: int) -> list[tuple[int, int]]:
+        n = self.num_docs
+        workers = max(1, min(self.threads, -(-n // chunk)))
+        bounds = np.linspace(0, n, workers + 1).astype(np.int64)
+        return [(int(a), int(b)) for a, b in itertools.pairwise(bounds) if b > a]
+
+    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+        lowp = self._lowp_products(len(scaled))
+        parts = [
+            self._scan_group(scaled[i : i + _MAX_GROUP], c, lowp) for i in range(0, len(scaled), _MAX_GROUP)
+        ]
+        if len(parts) == 1:
+            return parts[0]
+        m = max(p[0].shape[1] for p in parts)
+        rows = np.concatenate(
+            [np.pad(r, ((0, 0), (0, m - r.shape[1])), constant_values=-1) for r, _ in parts]
+        )
+        scores = np.concatenate(
+            [np.pad(s, ((0, 0), (0, m - s.shape[1])), constant_values=-np.inf) for _, s in parts]
+        )
+        return rows, scores
+
+    def _scan_group(self, scaled: np.ndarray, c: int, lowp: bool) -> tuple[np.ndarray, np.ndarray]:
+        nq = scaled.shape[0]
+        chunk = self._chunk_for(nq)
+        prepared = self._prepare(scaled, lowp)
+
+        def work(span: tuple[int, int]) -> TopCandidates:
+            sel = TopCandidates(nq, c)
+            buf = np.empty(nq * min(chunk, span[1] - span[0]), np.float32)
+            for start, stop in _chunks(span, chunk):
+                out = buf[: nq * (stop - start)].reshape(nq, stop - start)
+                sel.add(self._chunk_scores(prepared, start, stop, out), start)
+            return sel
+
+        ranges = self._ranges(chunk)
+        with self._worker_limits():
+            if len(ranges) == 1:
+                sels = [work(ranges[0])]
+            else:
+                if self._pool is None:
+                    self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=f"esp-{self.name}")
+                sels = list(self._pool.map(work, ranges))
+        sels[0].absorb(sels[1:])
+        return sels[0].result()
+
+    def set_threads(self, threads: int) -> None:
+        super().set_threads(threads)
+        self.close()  # the pool is re-created with the new size on the next scan
+
+    def close(self) -> None:
+        """Stop the worker threads (also done at garbage collection)."""
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def __del__(self) -> None:
+        self.close()
+
+
+def _chunks(span: tuple[int, int], chunk: int) -> Iterator[tuple[int, int]]:
+    for start in range(span[0], span[1], chunk):
+        yield start, min(span[1], start + chunk)

@@ -1,0 +1,86 @@
+"""``numpy``: BLAS matrix products (OpenBLAS) over row chunks, one BLAS thread per worker.
+
+float32 scans the master corpus itself (no copy; a memory-mapped bundle stays on disk and in
+the page cache). float16 keeps a half-size copy in RAM and widens each chunk before the product;
+numpy's float16 cast is slow on CPUs without a vectorised path, so prefer ``torch`` for it.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, ClassVar
+
+import numpy as np
+
+from service.engine.base import BackendUnavailable
+from service.engine.chunked import ChunkedBackend
+from subspace.layout import SubspaceLayout
+
+_controller: Any = None
+_controller_lock = threading.Lock()
+
+
+def blas_limiter(threads: int) -> AbstractContextManager[Any]:
+    """Limit the BLAS libraries to ``threads`` threads for the duration of a ``with`` block."""
+    global _controller
+    try:
+        from threadpoolctl import ThreadpoolController
+    except ImportError:  # pragma: no cover - threadpoolctl is in the serve extra
+        return nullcontext()
+    with _controller_lock:
+        if _controller is None:
+            _controller = ThreadpoolController()
+    return _controller.limit(limits=threads, user_api="blas")
+
+
+class NumpyBackend(ChunkedBackend):
+    name: ClassVar[str] = "numpy"
+    precisions: ClassVar[tuple[str, ...]] = ("float32", "float16")
+
+    def __init__(
+        self,
+        corpus: np.ndarray,
+        layout: SubspaceLayout,
+        *,
+        precision: str = "float32",
+        threads: int | None = None,
+        chunk_rows: int | None = None,
+    ) -> None:
+        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+        dtype = np.float32 if precision == "float32" else np.float16
+        if corpus.dtype == dtype:
+            self._data = corpus
+        else:
+            try:
+                self._data = np.empty(corpus.shape, dtype)
+            except MemoryError as exc:
+                raise BackendUnavailable(f"numpy: no memory for a {precision} copy of the corpus") from exc
+            for s in range(0, corpus.shape[0], 65536):
+                self._data[s : s + 65536] = corpus[s : s + 65536]
+        self._local = threading.local()
+
+    def _worker_limits(self) -> AbstractContextManager[Any]:
+        return blas_limiter(1)
+
+    def _prepare(self, scaled: np.ndarray, lowp_products: bool) -> np.ndarray:
+        return np.ascontiguousarray(scaled, dtype=np.float32)
+
+    def _rows(self, start: int, stop: int) -> np.ndarray:
+        block = self._data[start:stop]
+        if block.dtype == np.float32:
+            return block
+        scratch = getattr(self._local, "scratch", None)
+        if scratch is None or scratch.shape[0] < stop - start:
+            scratch = self._local.scratch = np.empty((stop - start, self.dim), np.float32)
+        widened = scratch[: stop - start]
+        np.copyto(widened, block)
+        return widened
+
+    def _chunk_scores(self, prepared: np.ndarray, start: int, stop: int, out: np.ndarray) -> np.ndarray:
+        rows = self._rows(start, stop)
+        if prepared.shape[0] == 1:  # a matrix-vector product: memory-bound, sgemv
+            np.matmul(rows, prepared[0], out=out[0])
+        else:
+            np.matmul(prepared, rows.T, out=out)
+        return out

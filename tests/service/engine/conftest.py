@@ -1,0 +1,71 @@
+"""Seeded synthetic corpora and a float64 brute-force reference for the engine tests."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import numpy as np
+import pytest
+
+from service.engine import BACKENDS, Backend, BackendUnavailable
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks, reference_scores
+
+LAYOUTS = {
+    "three": {"semantic": 24, "entity": 12, "intent": 4},
+    "one": {"all": 16},
+    "uneven": {"a": 3, "b": 17, "c": 1, "d": 9},
+}
+
+
+def layout_of(name: str) -> SubspaceLayout:
+    return SubspaceLayout.from_dims(LAYOUTS[name])
+
+
+def random_rows(n: int, layout: SubspaceLayout, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return normalize_blocks(rng.standard_normal((n, layout.dim)).astype(np.float32), layout)
+
+
+def reference_topk(
+    queries: np.ndarray, corpus: np.ndarray, weights: np.ndarray, layout: SubspaceLayout, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Float64 per-block loop + a stable sort: ``(rows, scores)``, ties -> lower row."""
+    s = reference_scores(queries, corpus, weights, layout)
+    order = np.argsort(-s, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(s, order, 1)
+
+
+def startable() -> list[tuple[str, str]]:
+    """(backend, precision) pairs that can start on this machine."""
+    layout = layout_of("one")
+    corpus = random_rows(4, layout, 0)
+    pairs = []
+    for name, cls in BACKENDS.items():
+        for precision in cls.precisions:
+            try:
+                engine = cls(corpus, layout, precision=precision)
+            except BackendUnavailable:
+                continue
+            getattr(engine, "close", lambda: None)()
+            pairs.append((name, precision))
+    return pairs
+
+
+STARTABLE = startable()
+IDS = [f"{b}-{p}" for b, p in STARTABLE]
+
+
+@pytest.fixture
+def make_engine() -> Iterator[object]:
+    """``make_engine(name, corpus, layout, **kw)``; closes the engines' worker pools afterwards."""
+    made: list[Backend] = []
+
+    def make(name: str, corpus: np.ndarray, layout: SubspaceLayout, **kw: object) -> Backend:
+        engine = BACKENDS[name](corpus, layout, **kw)  # type: ignore[arg-type]
+        made.append(engine)
+        return engine
+
+    yield make
+    for e in made:
+        getattr(e, "close", lambda: None)()
