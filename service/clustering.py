@@ -101,9 +101,9 @@ def _condensed_distances(x: np.ndarray, weight_sum: float) -> np.ndarray:
     """``scipy``'s condensed ``(n (n-1) / 2,)`` float64 distances ``1 - s / W``, built by row blocks."""
     n = x.shape[0]
     out = np.empty(n * (n - 1) // 2, dtype=np.float64)
-    pos = 0
-    for i0 in range(0, n, _CHUNK_ROWS):
-        block = x[i0 : i0 + _CHUNK_ROWS] @ x[i0:].T  # only the upper triangle's columns
+    pos, step = 0, _chunk_rows(n)
+    for i0 in range(0, n, step):
+        block = x[i0 : i0 + step] @ x[i0:].T  # only the upper triangle's columns
         for r in range(block.shape[0]):
             m = n - (i0 + r) - 1
             out[pos : pos + m] = block[r, r + 1 :]
@@ -114,23 +114,30 @@ def _condensed_distances(x: np.ndarray, weight_sum: float) -> np.ndarray:
     return out
 
 
+def _chunk_rows(n: int) -> int:
+    """Rows per GEMM block so a block's scores and argpartition output stay ~64 MiB."""
+    return int(min(_CHUNK_ROWS, max(16, (1 << 22) // max(n, 1))))
+
+
 def knn_graph(x: np.ndarray, weight_sum: float, k: int) -> Any:
     """Symmetric sparse CSR graph of each row's ``k`` nearest neighbours (self excluded),
     values = distances ``1 - s / W`` floored at a tiny positive number (an explicit 0 would read
-    as "no edge"). Memory ``O(n k)``; time one chunked GEMM pass."""
+    as "no edge"). Memory ``O(n k)`` plus one ~64 MiB block; time one chunked GEMM pass."""
     from scipy.sparse import coo_matrix
 
     n = x.shape[0]
     k = min(k, n - 1)
+    step = _chunk_rows(n)
     rows, cols, vals = [], [], []
-    for i0 in range(0, n, _CHUNK_ROWS):
-        sims = x[i0 : i0 + _CHUNK_ROWS] @ x.T
+    for i0 in range(0, n, step):
+        sims = x[i0 : i0 + step] @ x.T
         r = np.arange(sims.shape[0])
         sims[r, i0 + r] = -np.inf  # exclude self
-        part = np.argpartition(-sims, k - 1, axis=1)[:, :k]
+        part = np.argpartition(sims, n - k, axis=1)[:, n - k :]  # the k largest, unordered
         rows.append(np.repeat(i0 + r, k))
         cols.append(part.reshape(-1))
         vals.append(np.take_along_axis(sims, part, axis=1).reshape(-1))
+        del sims, part
     d = 1.0 - np.concatenate(vals).astype(np.float64) / weight_sum
     d = np.clip(d, 1e-12, 2.0)
     g = coo_matrix((d, (np.concatenate(rows), np.concatenate(cols))), shape=(n, n)).tocsr()
@@ -153,20 +160,17 @@ def graph_average_linkage(x: np.ndarray, weight_sum: float, graph: Any, threshol
     n = x.shape[0]
     sums = x.astype(np.float64)
     size = np.ones(n, dtype=np.float64)
-    version = np.zeros(n, dtype=np.int64)
-    parent = np.arange(n)
-    coo = graph.tocoo()
+    version = [0] * n  # python lists: the loop reads single entries, cheaper than numpy scalars
+    parent = list(range(n))
+    g = graph.tocsr()
+    nbrs = [set(g.indices[g.indptr[i] : g.indptr[i + 1]].tolist()) - {i} for i in range(n)]
+    coo = g.tocoo()
     upper = coo.row < coo.col
-    nbrs: list[set[int]] = [set() for _ in range(n)]
-    for a, b in zip(coo.row[upper].tolist(), coo.col[upper].tolist(), strict=True):
-        nbrs[a].add(b)
-        nbrs[b].add(a)
-    exact = 1.0 - np.einsum("ij,ij->i", sums[coo.row[upper]], sums[coo.col[upper]]) / weight_sum
-    heap = [
-        (d, a, b, 0, 0)
-        for d, a, b in zip(exact.tolist(), coo.row[upper].tolist(), coo.col[upper].tolist(), strict=True)
-        if d <= threshold
-    ]
+    rows, cols = coo.row[upper], coo.col[upper]
+    exact = 1.0 - np.einsum("ij,ij->i", sums[rows], sums[cols]) / weight_sum
+    keep = exact <= threshold
+    heap = list(zip(exact[keep].tolist(), rows[keep].tolist(), cols[keep].tolist(), strict=True))
+    heap = [(d, a, b, 0, 0) for d, a, b in heap]
     heapq.heapify(heap)
     while heap:
         _, a, b, va, vb = heapq.heappop(heap)
@@ -178,25 +182,29 @@ def graph_average_linkage(x: np.ndarray, weight_sum: float, graph: Any, threshol
         sums[a] += sums[b]
         size[a] += size[b]
         version[a] += 1
-        nbrs[a] |= nbrs[b]
-        nbrs[a] -= {a, b}
-        for c in nbrs[b]:
+        nb_a, nb_b = nbrs[a], nbrs[b]
+        nb_a |= nb_b
+        nb_a.discard(a)
+        nb_a.discard(b)
+        for c in nb_b:
             nbrs[c].discard(b)
             if c != a:
                 nbrs[c].add(a)
         nbrs[b] = set()
-        if not nbrs[a]:
+        if not nb_a:
             continue
-        cand = np.fromiter(nbrs[a], dtype=np.int64, count=len(nbrs[a]))
+        cand = np.fromiter(nb_a, dtype=np.int64, count=len(nb_a))
         d = 1.0 - (sums[cand] @ sums[a]) / (size[cand] * size[a] * weight_sum)
-        for c, dc in zip(cand.tolist(), d.tolist(), strict=True):
-            if dc <= threshold:
-                heapq.heappush(heap, (dc, a, c, int(version[a]), int(version[c])))
-    while True:  # path compression to the root of each item
-        grand = parent[parent]
-        if np.array_equal(grand, parent):
-            return parent.astype(np.int64)
-        parent = grand
+        close = d <= threshold
+        va = version[a]
+        for c, dc in zip(cand[close].tolist(), d[close].tolist(), strict=True):
+            heapq.heappush(heap, (dc, a, c, va, version[c]))
+    root = np.asarray(parent, dtype=np.int64)
+    while True:  # follow parents to each item's final cluster
+        grand = root[root]
+        if np.array_equal(grand, root):
+            return root
+        root = grand
 
 
 # --- methods (registry) -------------------------------------------------------------------

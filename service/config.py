@@ -35,6 +35,8 @@ class Settings(BaseSettings):
     max_wait_ms: float = Field(2.0, ge=0, description="how long the micro-batcher gathers")
     queue_size: int = Field(1024, ge=1, description="queued queries before 429")
     batching: bool = Field(True, description="gather concurrent requests into one engine call")
+    max_cluster_keywords: int = Field(2000, ge=1, description="keywords per POST /v1/cluster request")
+    max_cluster_jobs: int = Field(1, ge=1, description="clustering requests run at once; more get 429")
 
 
 @lru_cache

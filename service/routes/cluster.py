@@ -1,0 +1,158 @@
+"""``POST /v1/cluster``: cluster up to ``max_cluster_keywords`` keywords on the weighted similarity.
+
+The same weights as search (explicit ``weights`` or a registry ``operating_point``), the same
+validation and error body. Keywords are de-duplicated case- and space-insensitively (the first
+spelling is kept; ``duplicates`` says which positions were merged into which), so every
+distinct keyword appears exactly once in ``keywords``. Encoding and clustering run on a worker
+thread; at most ``max_cluster_jobs`` run at once, more are answered 429.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.clustering import METHODS, ClusteringError, cluster_keywords, dedupe_keywords, make_method
+from service.errors import ErrorKind, ServiceError
+from service.routes.deps import SettingsDep, StateDep
+from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
+
+router = APIRouter(tags=["cluster"])
+
+Keyword = Annotated[str, Field(strict=True, max_length=MAX_TEXT_CHARS)]
+
+
+class ClusterRequest(BaseModel):
+    """Keywords, at most one source of weights, and the method with its main parameter."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    keywords: list[Keyword] = Field(
+        ..., min_length=1, description="1 .. max_cluster_keywords keywords (setting ESP_MAX_CLUSTER_KEYWORDS)"
+    )
+    weights: Weights | None = Field(
+        None, description="per-subspace weights; names missing from an object take the default"
+    )
+    operating_point: Name | None = Field(None, description="a named weight vector from the registry")
+    method: Name = Field("agglomerative", description=f"one of {sorted(METHODS)}")
+    threshold: Annotated[float, Field(strict=True, ge=0, le=2, allow_inf_nan=False)] | None = Field(
+        None, description="agglomerative: merge while 1 - similarity / sum(weights) <= threshold (0.4)"
+    )
+    min_cluster_size: Annotated[int, Field(strict=True, ge=2)] | None = Field(
+        None, description="hdbscan: the smallest cluster; smaller groups are noise (3)"
+    )
+
+
+class KeywordRow(BaseModel):
+    keyword: str
+    cluster_id: int = Field(description="-1: unclustered (HDBSCAN noise)")
+    cluster_label: str | None = Field(description="the cluster's most central keyword; null for noise")
+    intent: str | None = Field(description="the intent head's prediction; null without an intent head")
+    intent_probability: float | None
+    similarity_to_label: float | None = Field(
+        description="similarity / sum(weights); null for noise"
+    )
+
+
+class ClusterSummary(BaseModel):
+    cluster_id: int
+    size: int
+    label: str
+    intent_mix: dict[str, int] = Field(description="predicted intents of the members, most frequent first")
+    mean_similarity_to_label: float
+
+
+class Duplicate(BaseModel):
+    index: int = Field(description="position of the dropped keyword in the request")
+    duplicate_of: int = Field(description="position of the kept spelling")
+
+
+class ClusterResponse(BaseModel):
+    keywords: list[KeywordRow] = Field(description="every distinct keyword once, in request order")
+    clusters: list[ClusterSummary] = Field(description="by decreasing size")
+    noise: int = Field(description="keywords in no cluster (cluster_id -1)")
+    duplicates: list[Duplicate]
+    weights_used: dict[str, float]
+    operating_point: str | None = None
+    method: str
+    params: dict[str, Any]
+    bundle_version: str
+
+
+def _invalid(message: str, field: str | None) -> ServiceError:
+    return ServiceError(ErrorKind.VALIDATION, message, field)
+
+
+def _params(body: ClusterRequest) -> dict[str, Any]:
+    params: dict[str, Any] = {}
+    if body.threshold is not None:
+        params["threshold"] = body.threshold
+    if body.min_cluster_size is not None:
+        params["min_cluster_size"] = body.min_cluster_size
+    try:
+        make_method(body.method, **params)  # validate before any work
+    except ClusteringError as exc:
+        raise _invalid(str(exc), exc.field) from None
+    return params
+
+
+@router.post(
+    "/v1/cluster",
+    response_model=ClusterResponse,
+    responses=error_responses(413, 422, 429, 503),
+    summary="Cluster keywords on the weighted subspace similarity, weights chosen per request",
+)
+async def cluster(
+    body: ClusterRequest, request: Request, state: StateDep, settings: SettingsDep
+) -> JSONResponse:
+    limit = settings.max_cluster_keywords
+    if len(body.keywords) > limit:
+        raise _invalid(f"keywords has {len(body.keywords)} items; at most {limit} per request", "keywords")
+    try:
+        keywords, merged = dedupe_keywords(body.keywords)
+    except ClusteringError as exc:
+        raise _invalid(str(exc), exc.field) from None
+    resolved = request.app.state.registry.current.resolve(
+        state.layout, weights=body.weights, operating_point=body.operating_point
+    )
+    params = _params(body)
+    if state.encoder is None:
+        raise _invalid(f"bundle {state.version} has no query encoder: it cannot embed keywords", "keywords")
+    app_state = request.app.state
+    running = getattr(app_state, "cluster_jobs", 0)
+    if running >= settings.max_cluster_jobs:
+        raise ServiceError(
+            ErrorKind.OVERLOADED,
+            f"{running} clustering request(s) already running (max_cluster_jobs); retry shortly",
+            headers={"Retry-After": "1"},
+        )
+    app_state.cluster_jobs = running + 1  # the event loop is single-threaded: no lock needed
+    try:
+        result = await asyncio.to_thread(
+            cluster_keywords,
+            state.encoder,
+            keywords,
+            state.layout,
+            resolved.block_weights,
+            body.method,
+            **params,
+        )
+    finally:
+        app_state.cluster_jobs -= 1
+    return JSONResponse(
+        {
+            "keywords": result.rows(),
+            "clusters": result.summary(),
+            "noise": result.result.n_noise,
+            "duplicates": [{"index": p, "duplicate_of": q} for p, q in merged],
+            "weights_used": resolved.weights_used,
+            "operating_point": resolved.operating_point,
+            "method": result.result.method,
+            "params": result.result.params,
+            "bundle_version": state.version,
+        }
+    )
