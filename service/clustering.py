@@ -169,8 +169,10 @@ def graph_average_linkage(x: np.ndarray, weight_sum: float, graph: Any, threshol
     rows, cols = coo.row[upper], coo.col[upper]
     exact = 1.0 - np.einsum("ij,ij->i", sums[rows], sums[cols]) / weight_sum
     keep = exact <= threshold
-    heap = list(zip(exact[keep].tolist(), rows[keep].tolist(), cols[keep].tolist(), strict=True))
-    heap = [(d, a, b, 0, 0) for d, a, b in heap]
+    heap: list[tuple[float, int, int, int, int]] = [
+        (d, a, b, 0, 0)
+        for d, a, b in zip(exact[keep].tolist(), rows[keep].tolist(), cols[keep].tolist(), strict=True)
+    ]
     heapq.heapify(heap)
     while heap:
         _, a, b, va, vb = heapq.heappop(heap)
