@@ -20,6 +20,7 @@ import resource
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ def read_bandwidth(buf: np.ndarray, threads: list[int]) -> dict[str, float]:
     out: dict[str, float] = {}
     for n in threads:
         torch.set_num_threads(n)
-        kernels = {f"torch_sum_{n}t": t.sum, f"torch_amax_{n}t": t.amax}
+        kernels: dict[str, Callable[[], object]] = {f"torch_sum_{n}t": t.sum, f"torch_amax_{n}t": t.amax}
         if n == 1:
             kernels["numpy_colsum_1t"] = lambda: np.add.reduce(buf, axis=0)
         with threadpool_limits(n):

@@ -24,7 +24,7 @@ class TopCandidates:
         self._r: list[np.ndarray] = []
         self._s: list[np.ndarray] = []
         self._pending = 0
-        self._budget = max(4 * nq * c, 1 << 15)
+        self._budget = 2 * nq * c + 1024  # compact often: the threshold only rises at compaction
         self._primed = False
 
     def add(self, scores: np.ndarray, row0: int) -> None:
