@@ -23,10 +23,13 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m mypy
 
+# Trains once (no bundle under artifacts/demo yet), then serves on 127.0.0.1:8000 in the foreground and prints
+# two example requests (semantic-heavy vs entity-heavy weights) once /readyz is 200. Ctrl-C stops it.
+DEMO_DIR ?= artifacts/demo
 demo: setup
-	@echo "make demo: the service that serves the trained bundle is not wired up yet." >&2
-	@echo "           Still missing: training (esp train) and the service (esp serve)." >&2
-	@exit 1
+	@test -n "$$(find $(DEMO_DIR) -name manifest.json 2>/dev/null | head -n 1)" \
+		|| $(PY) -m subspace.cli train --config configs/demo.yaml --out $(DEMO_DIR)
+	$(PY) -m service.demo --artifacts $(DEMO_DIR) --host 127.0.0.1 --port 8000
 
 bench: setup
 	$(PY) bench/knn.py --quick

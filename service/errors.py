@@ -13,7 +13,9 @@ from typing import Any
 
 class ErrorKind(StrEnum):
     VALIDATION = "validation_error"
+    BAD_REQUEST = "bad_request"
     NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
     PAYLOAD_TOO_LARGE = "payload_too_large"
     OVERLOADED = "overloaded"
     NOT_READY = "not_ready"
@@ -25,7 +27,9 @@ class ErrorKind(StrEnum):
 
 STATUS: dict[ErrorKind, int] = {
     ErrorKind.VALIDATION: 422,
+    ErrorKind.BAD_REQUEST: 400,
     ErrorKind.NOT_FOUND: 404,
+    ErrorKind.METHOD_NOT_ALLOWED: 405,
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
     ErrorKind.OVERLOADED: 429,
     ErrorKind.NOT_READY: 503,
@@ -58,6 +62,14 @@ class ServiceError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.kind, self.message, self.field)
+
+
+def kind_for_status(status: int) -> ErrorKind:
+    """The kind whose status is ``status`` (for errors raised by the framework itself)."""
+    for kind, code in STATUS.items():
+        if code == status:
+            return kind
+    return ErrorKind.BAD_REQUEST if 400 <= status < 500 else ErrorKind.INTERNAL
 
 
 def error_body(kind: ErrorKind, message: str, field: str | None = None) -> dict[str, Any]:

@@ -1,0 +1,175 @@
+"""The FastAPI application: :func:`create_app` builds it, the lifespan loads the bundle.
+
+Start-up (lifespan): the registry watcher, the micro-batcher and its worker thread start, and
+the bundle named by settings is loaded *in the background* (read, checksums, engine, encoder,
+warm-up search), so ``/healthz`` answers at once and ``/readyz`` turns 200 only when the
+bundle is servable. Every error, the framework's own included, leaves as one body
+``{"type", "message", "field"}`` (:mod:`service.errors`).
+
+Run it with ``esp serve --bundle DIR`` or ``uvicorn --factory service.app:create_app``
+(settings from ``ESP_*`` environment variables, :mod:`service.config`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import AsyncIterator, Sequence
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from service.batching import MicroBatcher
+from service.config import Settings, get_settings
+from service.errors import ErrorKind, ServiceError, error_body, kind_for_status
+from service.lifecycle import load_and_activate
+from service.metrics import Metrics
+from service.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.registry import RegistryWatcher
+from service.routes import admin, cluster, meta, registry, search
+from service.schemas import UNION_TAGS, error_responses
+from service.state import StateHolder
+
+log = logging.getLogger(__name__)
+
+_LOC_ROOTS = ("body", "query", "path", "header", "cookie")
+
+
+def dotted_field(loc: Sequence[Any]) -> str | None:
+    """pydantic's ``('body', 'queries', 0, 'vector', 'Full', 3)`` -> ``queries[0].vector[3]``."""
+    parts = list(loc)
+    if parts and parts[0] in _LOC_ROOTS:
+        parts = parts[1:]
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif part in UNION_TAGS:
+            continue
+        else:
+            out += f".{part}" if out else str(part)
+    return out or None
+
+
+def _describe(err: dict[str, Any]) -> tuple[str | None, str]:
+    field = dotted_field(err.get("loc", ()))
+    kind = err.get("type", "")
+    msg = str(err.get("msg", "invalid"))
+    if kind == "json_invalid":
+        return None, f"request body is not valid JSON ({err.get('ctx', {}).get('error', msg)})"
+    if kind == "missing":
+        return field, f"{field} is required" if field else "a JSON request body is required"
+    if kind == "extra_forbidden":
+        return field, f"{field} is not an accepted field"
+    msg = msg.removeprefix("Value error, ")
+    return field, f"{field}: {msg}" if field else msg
+
+
+def validation_error_body(errors: Sequence[Any]) -> dict[str, Any]:
+    """One error body for pydantic's error list: the first error's field, all messages (max 3)."""
+    described = [_describe(dict(e)) for e in errors] or [(None, "invalid request")]
+    field, message = described[0]
+    if len(described) > 1:
+        more = "; ".join(m for _, m in described[1:3])
+        extra = f" (+{len(described) - 3} more)" if len(described) > 3 else ""
+        message = f"{message}; also: {more}{extra}"
+    return error_body(ErrorKind.VALIDATION, message, field)
+
+
+def _install_error_handlers(app: FastAPI) -> None:
+    async def service_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, ServiceError)
+        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
+
+    async def request_validation(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return JSONResponse(validation_error_body(exc.errors()), status_code=422)
+
+    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = kind_for_status(exc.status_code)
+        detail = exc.detail if isinstance(exc.detail, str) else kind.value
+        return JSONResponse(
+            error_body(kind, detail), status_code=exc.status_code, headers=dict(exc.headers or {}) or None
+        )
+
+    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+        log.error("unhandled error: %s", exc, exc_info=exc)
+        return JSONResponse(error_body(ErrorKind.INTERNAL, "internal error (logged)"), status_code=500)
+
+    app.add_exception_handler(ServiceError, service_error)
+    app.add_exception_handler(RequestValidationError, request_validation)
+    app.add_exception_handler(StarletteHTTPException, http_error)
+    app.add_exception_handler(Exception, unexpected)
+
+
+async def _initial_load(app: FastAPI, settings: Settings) -> None:
+    assert settings.bundle is not None
+    with contextlib.suppress(ServiceError):  # logged, counted; /readyz reports the reason
+        await load_and_activate(app.state, settings.bundle, settings, check_registry=False)
+
+
+@asynccontextmanager
+async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+    settings: Settings = app.state.settings
+    metrics: Metrics = app.state.metrics
+    metrics.ready.set(0)
+    app.state.registry = RegistryWatcher(settings.registry, metrics, settings.registry_poll_seconds)
+    app.state.batcher = MicroBatcher(
+        metrics,
+        max_batch=settings.max_batch,
+        max_wait_ms=settings.max_wait_ms,
+        queue_size=settings.queue_size,
+        gather=settings.batching,
+    )
+    await app.state.batcher.start()
+    await app.state.registry.start()
+    loader: asyncio.Task[None] | None = None
+    if settings.bundle is not None:
+        loader = asyncio.create_task(_initial_load(app, settings), name="esp-initial-load")
+    else:
+        app.state.holder.error = "no bundle configured (ESP_BUNDLE); load one with POST /v1/admin/reload"
+        log.warning("no bundle configured: not ready until one is loaded through /v1/admin/reload")
+    try:
+        yield
+    finally:
+        metrics.ready.set(0)
+        if loader is not None and not loader.done():
+            loader.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loader
+        await app.state.batcher.stop()
+        await app.state.registry.stop()
+
+
+def create_app(settings: Settings | None = None) -> FastAPI:
+    """A new app with its own metrics registry; ``settings`` default to :func:`get_settings`."""
+    settings = settings if settings is not None else get_settings()
+    if settings.max_queries > settings.queue_size:
+        raise ValueError(
+            f"max_queries ({settings.max_queries}) must not exceed queue_size ({settings.queue_size}): "
+            "a full request could never be queued"
+        )
+    app = FastAPI(
+        title="ESP retrieval",
+        version="0.1.0",
+        summary="Exact multi-subspace kNN with per-request weights (Embedding Subspace Partitioning).",
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.metrics = Metrics()
+    app.state.holder = StateHolder()
+    _install_error_handlers(app)
+    app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
+    app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.include_router(meta.router)
+    app.include_router(search.router)
+    app.include_router(registry.router, responses=error_responses(404, 422, 503))
+    app.include_router(admin.router)
+    app.include_router(cluster.router)
+    return app

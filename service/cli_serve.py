@@ -1,0 +1,94 @@
+"""Serve a bundle over HTTP: the search API with per-request weights (uvicorn + FastAPI).
+
+Options become ``ESP_*`` settings (service/config.py); anything not given here comes from the
+environment. The admin token is read from ``ESP_ADMIN_TOKEN`` only, never from the command
+line (where ``ps`` would show it). The bundle's manifest is checked before the server starts,
+so a wrong path fails at once; the full validation (checksums, engine, encoder, warm-up) runs
+in the server, and ``/readyz`` turns 200 when it is done.
+
+Example: esp serve --bundle artifacts/demo/bundle --port 8000 --backend numpy
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+from subspace.bundle import BundleError, read_manifest
+
+#: option dest -> settings environment variable
+_ENV = {
+    "bundle": "ESP_BUNDLE",
+    "registry": "ESP_REGISTRY",
+    "backend": "ESP_BACKEND",
+    "precision": "ESP_PRECISION",
+    "threads": "ESP_THREADS",
+    "max_batch": "ESP_MAX_BATCH",
+    "max_wait_ms": "ESP_MAX_WAIT_MS",
+    "queue_size": "ESP_QUEUE_SIZE",
+    "max_queries": "ESP_MAX_QUERIES",
+    "max_k": "ESP_MAX_K",
+}
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--bundle", help="bundle directory to serve (else ESP_BUNDLE)")
+    parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1, or ESP_HOST)")
+    parser.add_argument("--port", type=int, default=None, help="port (default 8000, or ESP_PORT)")
+    parser.add_argument(
+        "--workers", type=int, default=1, help="uvicorn worker processes (each loads the bundle)"
+    )
+    parser.add_argument("--backend", help="engine backend: auto, numpy, torch, faiss, cupy")
+    parser.add_argument("--precision", help="index precision: float32, bfloat16, float16")
+    parser.add_argument("--threads", type=int, help="engine threads")
+    parser.add_argument("--registry", help="operating points / experiments file (YAML or JSON)")
+    parser.add_argument("--max-batch", type=int, help="queries per micro-batch")
+    parser.add_argument("--max-wait-ms", type=float, help="how long the micro-batcher gathers")
+    parser.add_argument("--queue-size", type=int, help="queued queries before 429")
+    parser.add_argument("--max-queries", type=int, help="queries per request")
+    parser.add_argument("--max-k", type=int, help="largest k")
+    parser.add_argument("--no-batching", action="store_true", help="one engine call per request")
+    parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
+    parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
+
+
+def run(args: argparse.Namespace) -> int:
+    for dest, env in _ENV.items():
+        value = getattr(args, dest)
+        if value is not None:
+            os.environ[env] = str(value)
+    if args.no_batching:
+        os.environ["ESP_BATCHING"] = "false"
+
+    from pydantic import ValidationError
+
+    from service.config import Settings
+
+    try:
+        settings = Settings()
+    except ValidationError as exc:
+        print(f"invalid settings: {exc}", file=sys.stderr)
+        return 2
+    if settings.bundle is None:
+        print("no bundle: pass --bundle DIR or set ESP_BUNDLE", file=sys.stderr)
+        return 2
+    try:
+        read_manifest(settings.bundle)
+    except BundleError as exc:
+        print(f"invalid bundle: {exc}", file=sys.stderr)
+        return 1
+
+    import uvicorn
+
+    uvicorn.run(
+        "service.app:create_app",
+        factory=True,
+        host=args.host or settings.host,
+        port=args.port or settings.port,
+        workers=args.workers,
+        log_level=args.log_level,
+        access_log=not args.no_access_log,
+        timeout_graceful_shutdown=15,
+    )
+    return 0

@@ -1,0 +1,306 @@
+"""An httpx client for the search service, sync (:class:`ESPClient`) and async (:class:`AsyncESPClient`).
+
+Results are the typed models of :mod:`service.schemas`; an error response raises
+:class:`ESPError` carrying the service's ``type``, ``message``, ``field`` and status (and
+``retry_after`` for 429/503). Queries may be given as a text (``str``), a vector (list or
+numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
+``{"text": ...}`` / ``{"vector": ...}`` dict::
+
+    with ESPClient("http://127.0.0.1:8000") as c:
+        res = c.search(["what is a bank"], k=5, weights={"semantic": 1.0, "entity": 0.2})
+        for hit in res.results[0].hits:
+            print(hit.id, hit.score, hit.subspace_scores)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Generic, TypeVar
+
+import httpx
+import numpy as np
+from pydantic import BaseModel
+
+from service.schemas import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
+
+T = TypeVar("T")
+QueryLike = str | Sequence[float] | np.ndarray | Mapping[str, Any]
+WeightsLike = Mapping[str, float] | Sequence[float] | np.ndarray
+
+
+class ESPError(Exception):
+    """An error answer from the service (or a response that is not the service's JSON)."""
+
+    def __init__(
+        self, status: int, type: str, message: str, field: str | None = None, retry_after: float | None = None
+    ) -> None:
+        super().__init__(f"{status} {type}: {message}" + (f" (field {field})" if field else ""))
+        self.status = status
+        self.type = type
+        self.message = message
+        self.field = field
+        self.retry_after = retry_after
+
+
+def _tolist(x: Any) -> Any:
+    return x.tolist() if isinstance(x, np.ndarray) else list(x)
+
+
+def query_json(query: QueryLike) -> dict[str, Any]:
+    """One query as the API's JSON object (see the module docstring for accepted forms)."""
+    if isinstance(query, str):
+        return {"text": query}
+    if isinstance(query, Mapping):
+        if set(query) <= {"text", "vector"} and query:
+            return dict(query)
+        return {"vector": {name: _tolist(block) for name, block in query.items()}}
+    return {"vector": _tolist(query)}
+
+
+def search_json(
+    queries: Sequence[QueryLike] | QueryLike,
+    *,
+    k: int = 10,
+    weights: WeightsLike | None = None,
+    operating_point: str | None = None,
+    experiment: str | None = None,
+    unit_id: str | None = None,
+) -> dict[str, Any]:
+    """The ``POST /v1/search`` body. A lone text, vector or mapping is one query; a 2-D array is rows."""
+    items: list[Any]
+    if isinstance(queries, str | Mapping):
+        items = [queries]
+    elif isinstance(queries, np.ndarray):
+        items = [queries] if queries.ndim == 1 else list(queries)
+    else:
+        items = list(queries)
+        if items and isinstance(items[0], int | float):
+            items = [items]  # one plain vector
+    body: dict[str, Any] = {"queries": [query_json(q) for q in items], "k": k}
+    if weights is not None:
+        body["weights"] = dict(weights) if isinstance(weights, Mapping) else _tolist(weights)
+    for key, value in (
+        ("operating_point", operating_point),
+        ("experiment", experiment),
+        ("unit_id", unit_id),
+    ):
+        if value is not None:
+            body[key] = value
+    return body
+
+
+def _retry_after(resp: httpx.Response) -> float | None:
+    value = resp.headers.get("retry-after")
+    try:
+        return float(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def raise_for_error(resp: httpx.Response) -> None:
+    if resp.status_code < 400:
+        return
+    try:
+        body = resp.json()
+        kind, message, field = body["type"], body["message"], body.get("field")
+    except (ValueError, KeyError, TypeError):
+        kind, message, field = "http_error", resp.text[:500], None
+    raise ESPError(resp.status_code, kind, message, field, _retry_after(resp))
+
+
+@dataclass(frozen=True)
+class _Call(Generic[T]):
+    method: str
+    url: str
+    parse: Callable[[httpx.Response], T]
+    json: Any = None
+    params: Mapping[str, str] | None = None
+    headers: Mapping[str, str] | None = None
+
+
+def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
+    return lambda r: cls.model_validate(r.json())
+
+
+def _json(r: httpx.Response) -> Any:
+    return r.json()
+
+
+class _Calls:
+    """Request builders shared by the sync and async clients."""
+
+    def __init__(self, admin_token: str | None) -> None:
+        self._admin_token = admin_token
+
+    def search(self, queries: Any, **kw: Any) -> _Call[SearchResponse]:
+        return _Call("POST", "/v1/search", _model(SearchResponse), json=search_json(queries, **kw))
+
+    def layout(self) -> _Call[LayoutResponse]:
+        return _Call("GET", "/v1/layout", _model(LayoutResponse))
+
+    def health(self) -> _Call[Health]:
+        return _Call("GET", "/healthz", _model(Health))
+
+    def ready(self) -> _Call[Readiness]:
+        return _Call("GET", "/readyz", _model(Readiness))
+
+    def metrics(self) -> _Call[str]:
+        return _Call("GET", "/metrics", lambda r: r.text)
+
+    def operating_points(self) -> _Call[Any]:
+        return _Call("GET", "/v1/operating-points", _json)
+
+    def experiments(self) -> _Call[Any]:
+        return _Call("GET", "/v1/experiments", _json)
+
+    def assignment(self, experiment: str, unit_id: str) -> _Call[Any]:
+        return _Call("GET", f"/v1/experiments/{experiment}/assignment", _json, params={"unit_id": unit_id})
+
+    def reload(self, path: str | None = None, token: str | None = None) -> _Call[ReloadResponse]:
+        tok = token if token is not None else self._admin_token
+        headers = {"Authorization": f"Bearer {tok}"} if tok else None
+        body = {"path": str(path)} if path is not None else None
+        return _Call("POST", "/v1/admin/reload", _model(ReloadResponse), json=body, headers=headers)
+
+
+class ESPClient:
+    """Blocking client. ``admin_token`` is only sent to ``/v1/admin/*``."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 30.0,
+        admin_token: str | None = None,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
+        self._calls = _Calls(admin_token)
+
+    def _do(self, call: _Call[T]) -> T:
+        resp = self._http.request(
+            call.method, call.url, json=call.json, params=call.params, headers=call.headers
+        )
+        raise_for_error(resp)
+        return call.parse(resp)
+
+    def search(self, queries: Sequence[QueryLike] | QueryLike, **kw: Any) -> SearchResponse:
+        """``kw``: ``k``, ``weights``, ``operating_point``, ``experiment``, ``unit_id``."""
+        return self._do(self._calls.search(queries, **kw))
+
+    def layout(self) -> LayoutResponse:
+        return self._do(self._calls.layout())
+
+    def health(self) -> Health:
+        return self._do(self._calls.health())
+
+    def ready(self) -> Readiness:
+        """Raises :class:`ESPError` (503) while not ready."""
+        return self._do(self._calls.ready())
+
+    def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> Readiness:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return self.ready()
+            except (ESPError, httpx.TransportError):
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(interval)
+
+    def metrics(self) -> str:
+        return self._do(self._calls.metrics())
+
+    def operating_points(self) -> Any:
+        return self._do(self._calls.operating_points())
+
+    def experiments(self) -> Any:
+        return self._do(self._calls.experiments())
+
+    def assignment(self, experiment: str, unit_id: str) -> Any:
+        return self._do(self._calls.assignment(experiment, unit_id))
+
+    def reload(self, path: str | None = None, *, token: str | None = None) -> ReloadResponse:
+        return self._do(self._calls.reload(path, token))
+
+    def close(self) -> None:
+        self._http.close()
+
+    def __enter__(self) -> ESPClient:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class AsyncESPClient:
+    """The same API as :class:`ESPClient`, awaitable; one connection pool for many concurrent calls."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        timeout: float = 30.0,
+        admin_token: str | None = None,
+        max_connections: int = 256,
+        transport: httpx.AsyncBaseTransport | None = None,
+    ) -> None:
+        limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
+        self._calls = _Calls(admin_token)
+
+    async def _do(self, call: _Call[T]) -> T:
+        resp = await self._http.request(
+            call.method, call.url, json=call.json, params=call.params, headers=call.headers
+        )
+        raise_for_error(resp)
+        return call.parse(resp)
+
+    async def search(self, queries: Sequence[QueryLike] | QueryLike, **kw: Any) -> SearchResponse:
+        return await self._do(self._calls.search(queries, **kw))
+
+    async def layout(self) -> LayoutResponse:
+        return await self._do(self._calls.layout())
+
+    async def health(self) -> Health:
+        return await self._do(self._calls.health())
+
+    async def ready(self) -> Readiness:
+        return await self._do(self._calls.ready())
+
+    async def wait_ready(self, timeout: float = 60.0, interval: float = 0.1) -> Readiness:
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                return await self.ready()
+            except (ESPError, httpx.TransportError):
+                if time.monotonic() > deadline:
+                    raise
+                await asyncio.sleep(interval)
+
+    async def metrics(self) -> str:
+        return await self._do(self._calls.metrics())
+
+    async def operating_points(self) -> Any:
+        return await self._do(self._calls.operating_points())
+
+    async def experiments(self) -> Any:
+        return await self._do(self._calls.experiments())
+
+    async def assignment(self, experiment: str, unit_id: str) -> Any:
+        return await self._do(self._calls.assignment(experiment, unit_id))
+
+    async def reload(self, path: str | None = None, *, token: str | None = None) -> ReloadResponse:
+        return await self._do(self._calls.reload(path, token))
+
+    async def aclose(self) -> None:
+        await self._http.aclose()
+
+    async def __aenter__(self) -> AsyncESPClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.aclose()

@@ -1,0 +1,141 @@
+"""Pure-ASGI middleware: request metrics by route template, and the request body size limit.
+
+Pure ASGI (not ``BaseHTTPMiddleware``) so streaming and the event loop stay untouched and the
+route template is read from the scope the router filled in.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+from typing import Any
+
+from starlette.routing import compile_path
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import ErrorKind, error_body
+from service.metrics import Metrics
+
+UNMATCHED = "unmatched"
+
+
+def _templates(app: Any) -> list[tuple[re.Pattern[str], str]]:
+    cached = getattr(app.state, "_route_templates", None)
+    if cached is None:
+        paths = [*app.openapi().get("paths", {}), "/metrics"]
+        cached = [(compile_path(p)[0], p) for p in paths]
+        app.state._route_templates = cached
+    return cached
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's path template (bounded label values); ``unmatched`` otherwise.
+
+    Requests answered before routing (413) are matched against the OpenAPI paths.
+    """
+    route = scope.get("route")
+    if route is not None and hasattr(route, "path"):
+        return str(route.path)
+    app = scope.get("app")
+    if app is not None and hasattr(app, "openapi"):
+        for regex, template in _templates(app):
+            if regex.match(scope.get("path", "")):
+                return template
+    return UNMATCHED
+
+
+class MetricsMiddleware:
+    """``esp_requests_total{route,status}`` and ``esp_request_duration_seconds{route}``."""
+
+    def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500
+        t0 = time.perf_counter()
+
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            route = route_template(scope)
+            self.metrics.requests.labels(route=route, status=str(status)).inc()
+            self.metrics.request_duration.labels(route=route).observe(time.perf_counter() - t0)
+
+
+async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+    payload = json.dumps(body).encode()
+    await send(
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [
+                (b"content-type", b"application/json"),
+                (b"content-length", str(len(payload)).encode()),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": payload})
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``max_bytes``: by ``Content-Length`` up front, else counted as streamed.
+
+    The body (bounded by the limit) is read before the app runs and replayed to it, so a
+    chunked upload that grows past the limit is refused before any handler sees it.
+    """
+
+    def __init__(self, app: ASGIApp, max_bytes: int) -> None:
+        self.app = app
+        self.max_bytes = max_bytes
+
+    def _too_large(self) -> dict[str, Any]:
+        return error_body(
+            ErrorKind.PAYLOAD_TOO_LARGE, f"request body is larger than the limit of {self.max_bytes} bytes"
+        )
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or scope["method"] in ("GET", "HEAD", "OPTIONS"):
+            await self.app(scope, receive, send)
+            return
+        headers = dict(scope.get("headers") or [])
+        declared = headers.get(b"content-length")
+        if declared is not None:
+            try:
+                too_big = int(declared) > self.max_bytes
+            except ValueError:
+                too_big = False  # the server rejects a malformed Content-Length itself
+            if too_big:
+                await _send_json(send, 413, self._too_large())
+                return
+        buffered: list[Message] = []
+        total = 0
+        while True:
+            message = await receive()
+            if message["type"] != "http.request":
+                buffered.append(message)  # disconnect: let the app see it
+                break
+            total += len(message.get("body", b""))
+            if total > self.max_bytes:
+                await _send_json(send, 413, self._too_large())
+                return
+            buffered.append(message)
+            if not message.get("more_body", False):
+                break
+
+        async def replay() -> Message:
+            if buffered:
+                return buffered.pop(0)
+            return await receive()
+
+        await self.app(scope, replay, send)

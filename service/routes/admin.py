@@ -1,0 +1,79 @@
+"""Operator endpoints behind a bearer token: ``POST /v1/admin/reload`` (bundle hot reload).
+
+Auth: ``Authorization: Bearer <ESP_ADMIN_TOKEN>``, compared in constant time
+(``hmac.compare_digest``). Missing or malformed header -> 401, wrong token -> 403. Without a
+configured token the admin routes answer 404 (disabled: nothing to guess). The token is never
+logged nor echoed in an error body.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Body, Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from service.errors import ErrorKind, ServiceError
+from service.lifecycle import load_and_activate
+from service.routes.deps import HolderDep, SettingsDep
+from service.schemas import ReloadRequest, ReloadResponse, error_responses
+
+_bearer = HTTPBearer(auto_error=False, description="ESP_ADMIN_TOKEN")
+
+
+async def require_admin(
+    settings: SettingsDep,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> None:
+    token = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
+    if not token:
+        raise ServiceError(
+            ErrorKind.NOT_FOUND, "admin routes are disabled: the service has no admin token configured"
+        )
+    if credentials is None or not credentials.credentials:
+        raise ServiceError(
+            ErrorKind.UNAUTHORIZED,
+            "missing admin token: send the header 'Authorization: Bearer <token>'",
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+    if not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
+        raise ServiceError(ErrorKind.FORBIDDEN, "the admin token is not valid")
+
+
+router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)])
+
+
+@router.post(
+    "/v1/admin/reload",
+    response_model=ReloadResponse,
+    responses=error_responses(401, 403, 404, 409, 413, 422),
+    summary="Load, validate and warm a bundle beside the served one, then swap it in atomically",
+)
+async def reload_bundle(
+    request: Request,
+    settings: SettingsDep,
+    holder: HolderDep,
+    body: Annotated[ReloadRequest | None, Body()] = None,
+) -> ReloadResponse:
+    served = holder.current
+    if body is not None and body.path is not None:
+        path = Path(body.path)
+    elif served is not None:
+        path = served.bundle.path
+    elif settings.bundle is not None:
+        path = settings.bundle
+    else:
+        raise ServiceError(ErrorKind.VALIDATION, "no bundle is configured: give the bundle 'path'", "path")
+    t0 = time.perf_counter()
+    old, new = await load_and_activate(request.app.state, path, settings)
+    return ReloadResponse(
+        bundle_version=new.version,
+        previous_version=old.version if old is not None else None,
+        path=str(new.bundle.path),
+        num_docs=new.num_docs,
+        backend=new.engine.name,
+        seconds=round(time.perf_counter() - t0, 4),
+    )

@@ -1,0 +1,56 @@
+"""Shared route dependencies: settings, the served state (503 until ready), the app's singletons.
+
+All are ``async def`` on purpose: FastAPI runs plain ``def`` dependencies on its thread pool,
+a hop per dependency per request that costs more than the work they do. Settings come from
+``app.state.settings`` (set by :func:`service.app.create_app`, default :func:`get_settings`);
+tests pass their own to ``create_app(settings)`` or override :func:`app_settings`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from service.batching import MicroBatcher
+from service.config import Settings
+from service.errors import ErrorKind, ServiceError
+from service.metrics import Metrics
+from service.state import ServingState, StateHolder
+
+
+async def app_settings(request: Request) -> Settings:
+    s: Settings = request.app.state.settings
+    return s
+
+
+async def holder(request: Request) -> StateHolder:
+    h: StateHolder = request.app.state.holder
+    return h
+
+
+async def metrics(request: Request) -> Metrics:
+    m: Metrics = request.app.state.metrics
+    return m
+
+
+async def batcher(request: Request) -> MicroBatcher:
+    b: MicroBatcher = request.app.state.batcher
+    return b
+
+
+async def serving_state(request: Request) -> ServingState:
+    """The state served now, captured once for the whole request; 503 when none is ready."""
+    h: StateHolder = request.app.state.holder
+    state = h.current
+    if state is None:
+        reason = h.error or "the bundle is still loading"
+        raise ServiceError(ErrorKind.NOT_READY, f"not ready: {reason}", headers={"Retry-After": "1"})
+    return state
+
+
+SettingsDep = Annotated[Settings, Depends(app_settings)]
+HolderDep = Annotated[StateHolder, Depends(holder)]
+MetricsDep = Annotated[Metrics, Depends(metrics)]
+BatcherDep = Annotated[MicroBatcher, Depends(batcher)]
+StateDep = Annotated[ServingState, Depends(serving_state)]

@@ -1,0 +1,193 @@
+"""Request and response bodies of the HTTP API (pydantic only, so the client imports them too).
+
+Strict where coercion would hide a bug: a boolean is not a weight, ``"5"`` is not ``k``, NaN
+and infinity are not numbers. Limits that depend on settings (queries per request, largest
+``k``) and on the served layout (subspace names, vector length) are checked by the route,
+which answers the same error body (:mod:`service.errors`).
+
+Unions are tagged by a callable discriminator so a bad value yields one error for the branch
+the caller meant. Tag names contain characters a layout name cannot (upper case, ``-``), so
+the error handler can drop them from the dotted field path (:data:`UNION_TAGS`).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+
+from service.errors import ErrorKind
+
+MAX_TEXT_CHARS = 10_000
+MAX_NAME_CHARS = 200
+
+#: Discriminator tags; they appear in pydantic's error locations and are removed from ``field``.
+UNION_TAGS = frozenset({"By-Name", "In-Order", "Full", "Per-Subspace"})
+
+MAX_WEIGHT = 1e6  # ratios beyond this are "infinitely more important" anyway; bounds every score
+Weight = Annotated[float, Field(strict=True, ge=0, le=MAX_WEIGHT, allow_inf_nan=False)]
+Component = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+Name = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_NAME_CHARS)]
+
+
+def _dict_or_list(value: Any) -> str | None:
+    if isinstance(value, dict):
+        return "dict"
+    if isinstance(value, list):
+        return "list"
+    return None
+
+
+WeightsByName = Annotated[dict[Name, Weight], Tag("By-Name")]
+WeightsInOrder = Annotated[list[Weight], Tag("In-Order")]
+Weights = Annotated[
+    WeightsByName | WeightsInOrder,
+    Discriminator(
+        lambda v: {"dict": "By-Name", "list": "In-Order"}.get(_dict_or_list(v) or ""),
+        custom_error_type="weights_type",
+        custom_error_message="must be an object {subspace: weight} or a list of weights in layout order",
+    ),
+]
+
+FullVector = Annotated[list[Component], Tag("Full")]
+PerSubspaceVector = Annotated[dict[Name, list[Component]], Tag("Per-Subspace")]
+Vector = Annotated[
+    FullVector | PerSubspaceVector,
+    Discriminator(
+        lambda v: {"dict": "Per-Subspace", "list": "Full"}.get(_dict_or_list(v) or ""),
+        custom_error_type="vector_type",
+        custom_error_message="must be a list of D numbers or an object {subspace: [numbers]}",
+    ),
+]
+
+
+class Query(BaseModel):
+    """One query: exactly one of ``text`` (encoded by the bundle's encoder) or ``vector``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | None = Field(
+        None, description="query text, encoded by the bundle's query encoder"
+    )
+    vector: Vector | None = Field(
+        None,
+        description="a query embedding: all D components in layout order, or {subspace: block}; "
+        "each block is L2-normalised by the service, missing blocks count as zero",
+    )
+
+    @model_validator(mode="after")
+    def _exactly_one(self) -> Query:
+        if (self.text is None) == (self.vector is None):
+            raise ValueError("give exactly one of 'text' or 'vector'")
+        if self.text is not None and not self.text.strip():
+            raise ValueError("text must contain a non-space character")
+        return self
+
+
+class SearchRequest(BaseModel):
+    """A batch of queries, ``k``, and at most one source of weights for all of them."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    queries: list[Query] = Field(
+        ..., min_length=1, description="1 .. max_queries queries (setting ESP_MAX_QUERIES)"
+    )
+    k: int = Field(10, ge=1, description="hits per query, 1 .. max_k (setting ESP_MAX_K)")
+    weights: Weights | None = Field(
+        None,
+        description="per-subspace weights (finite, >= 0, not all zero); names missing from an "
+        "object take the layout's default weight",
+    )
+    operating_point: Name | None = Field(None, description="a named weight vector from the registry")
+    experiment: Name | None = Field(None, description="an A/B experiment; needs unit_id")
+    unit_id: Name | None = Field(None, description="the unit (user, session) assigned to an arm")
+
+
+class Hit(BaseModel):
+    id: str
+    score: float = Field(description="sum over subspaces of weight * subspace cosine")
+    subspace_scores: dict[str, float] = Field(description="cosine of each subspace block")
+    text: str | None = Field(None, description="display text, when the bundle has docs.jsonl")
+    title: str | None = None
+    url: str | None = None
+
+
+class QueryResult(BaseModel):
+    hits: list[Hit]
+
+
+class SearchResponse(BaseModel):
+    results: list[QueryResult] = Field(description="one per query, in request order")
+    weights_used: dict[str, float]
+    operating_point: str | None = None
+    experiment: str | None = None
+    arm: str | None = None
+    bundle_version: str
+    backend: str
+
+
+class SubspaceInfo(BaseModel):
+    name: str
+    dim: int
+    offset: int
+    loss: str
+    default_weight: float
+
+
+class LayoutResponse(BaseModel):
+    dim: int
+    subspaces: list[SubspaceInfo]
+    default_weights: dict[str, float]
+    bundle_version: str
+
+
+class Health(BaseModel):
+    status: str
+
+
+class Readiness(BaseModel):
+    status: str = Field(description="'ready' or 'not_ready'")
+    bundle_version: str | None = None
+    backend: str | None = None
+    num_docs: int | None = None
+    reason: str | None = Field(None, description="why the service is not ready")
+
+
+class ReloadRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
+        None, description="bundle directory to load; default: the one served now"
+    )
+
+
+class ReloadResponse(BaseModel):
+    bundle_version: str
+    previous_version: str | None
+    path: str
+    num_docs: int
+    backend: str
+    seconds: float = Field(description="time to load, validate and warm the new bundle")
+
+
+class ErrorBody(BaseModel):
+    """The one error shape of the service."""
+
+    type: ErrorKind
+    message: str
+    field: str | None = Field(None, description="dotted path of the offending value, if any")
+
+
+def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries documenting :class:`ErrorBody` for ``statuses``."""
+    text = {
+        401: "missing bearer token",
+        403: "wrong bearer token",
+        404: "not found (admin routes: disabled because no admin token is configured)",
+        409: "the new bundle was refused; the old one is still served",
+        413: "request body larger than max_body_bytes",
+        422: "invalid input; `field` names the offending value",
+        429: "micro-batch queue full; retry after the Retry-After header's seconds",
+        503: "no bundle loaded and warmed yet",
+    }
+    return {s: {"model": ErrorBody, "description": text.get(s, "error")} for s in statuses}
