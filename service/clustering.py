@@ -144,6 +144,16 @@ def knn_graph(x: np.ndarray, weight_sum: float, k: int) -> Any:
     return g.maximum(g.T).tocsr()  # symmetric: keep an edge found from either end
 
 
+def paired_dots(a: np.ndarray, rows_a: np.ndarray, b: np.ndarray, rows_b: np.ndarray) -> np.ndarray:
+    """``<a[rows_a[i]], b[rows_b[i]]>`` for every ``i``, gathered in blocks: gathering all rows at
+    once would cost two ``(len(rows), D)`` copies."""
+    out = np.empty(len(rows_a), dtype=np.result_type(a, b))
+    for e0 in range(0, len(rows_a), 8192):
+        sl = slice(e0, e0 + 8192)
+        out[sl] = np.einsum("ij,ij->i", a[rows_a[sl]], b[rows_b[sl]])
+    return out
+
+
 def graph_average_linkage(x: np.ndarray, weight_sum: float, graph: Any, threshold: float) -> np.ndarray:
     """Average-linkage clusters cut at ``threshold``, merges restricted to clusters joined by an
     edge of ``graph`` but with *exact* average distances.
@@ -167,7 +177,7 @@ def graph_average_linkage(x: np.ndarray, weight_sum: float, graph: Any, threshol
     coo = g.tocoo()
     upper = coo.row < coo.col
     rows, cols = coo.row[upper], coo.col[upper]
-    exact = 1.0 - np.einsum("ij,ij->i", sums[rows], sums[cols]) / weight_sum
+    exact = 1.0 - paired_dots(sums, rows, sums, cols) / weight_sum
     keep = exact <= threshold
     heap: list[tuple[float, int, int, int, int]] = [
         (d, a, b, 0, 0)
@@ -264,6 +274,8 @@ class Agglomerative(_Method):
         if self.fits_dense(n):
             from scipy.cluster.hierarchy import fcluster, linkage
 
+            log.info("agglomerative: %d keywords, exact %s linkage on all pairs", n, self.linkage)
+
             z = linkage(_condensed_distances(x, weight_sum), method=self.linkage)
             return fcluster(z, t=self.threshold, criterion="distance").astype(np.int64) - 1
         log.info("agglomerative: %d keywords exceed dense_limit_mb; using the %d-NN graph", n, self.knn)
@@ -330,6 +342,7 @@ class Hdbscan(_Method):
             copy=False,
         )
         if self.fits_dense(n):
+            log.info("hdbscan: %d keywords, exact on the full distance matrix", n)
             return model.fit_predict(squareform(_condensed_distances(x, weight_sum))).astype(np.int64)
         log.info("hdbscan: %d keywords exceed dense_limit_mb; using the %d-NN graph", n, self.knn)
         graph = knn_graph(x, weight_sum, max(self.knn, min_samples))
@@ -447,7 +460,7 @@ def _centres(x: np.ndarray, labels: np.ndarray, n_clusters: int) -> np.ndarray:
     lab = labels[members]
     onehot = csr_matrix((np.ones(len(members), np.float32), (lab, members)), shape=(n_clusters, len(labels)))
     sums = np.asarray(onehot @ x, dtype=np.float32)  # (C, D)
-    centrality = np.einsum("ij,ij->i", x[members], sums[lab])
+    centrality = paired_dots(x, members, sums, lab)
     order = np.lexsort((members, -centrality, lab))  # by cluster, best first, earliest on ties
     lab_sorted = lab[order]
     first = np.flatnonzero(np.r_[True, lab_sorted[1:] != lab_sorted[:-1]])
@@ -483,7 +496,8 @@ def cluster_embeddings(
     centres = _centres(x, labels, n_clusters) if n_clusters else np.zeros(0, dtype=np.int64)
     sim = np.full(n, np.nan, dtype=np.float32)
     members = labels >= 0
-    sim[members] = np.einsum("ij,ij->i", x[members], x[centres[labels[members]]]) / weight_sum
+    rows = np.flatnonzero(members)
+    sim[members] = paired_dots(x, rows, x, centres[labels[rows]]) / weight_sum
     np.clip(sim, -1.0, 1.0, out=sim)
     return ClusterResult(labels, centres, sim, w, algo.name, method_params(algo))
 
