@@ -1,0 +1,120 @@
+"""The app in-process (lifespan included): 429 over HTTP, readiness, error-field mapping."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+from fastapi.testclient import TestClient
+
+from service.app import create_app, dotted_field, validation_error_body
+from service.config import Settings
+from subspace.bundle import write_bundle
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+
+LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
+
+
+@pytest.fixture
+def small_bundle(tmp_path: Path) -> Path:
+    rng = np.random.default_rng(0)
+    emb = normalize_blocks(rng.standard_normal((40, LAYOUT.dim)).astype(np.float32), LAYOUT)
+    return write_bundle(tmp_path / "b", LAYOUT, emb, [f"d{i}" for i in range(40)])
+
+
+class GatedEngine:
+    """The real engine behind a gate, so a test can hold the worker and fill the queue."""
+
+    def __init__(self, engine: Any) -> None:
+        self._engine = engine
+        self.name = engine.name
+        self.gate = threading.Event()
+
+    def search(self, *args: Any) -> Any:
+        self.gate.wait(timeout=30)
+        return self._engine.search(*args)
+
+
+def test_full_queue_answers_429_with_retry_after_then_recovers(small_bundle: Path) -> None:
+    settings = Settings(
+        bundle=small_bundle, backend="numpy", threads=1, queue_size=2, max_queries=2, max_wait_ms=0
+    )
+    app = create_app(settings)
+    body = {"queries": [{"vector": [1.0] * 12}] * 2, "k": 3}
+
+    async def until(predicate: Any) -> None:
+        deadline = time.monotonic() + 60
+        while not predicate():
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.005)
+
+    async def scenario() -> list[httpx.Response]:
+        async with app.router.lifespan_context(app):
+            await until(lambda: app.state.holder.current is not None)
+            state = app.state.holder.current
+            gated = GatedEngine(state.engine)
+            app.state.holder.current = dataclasses.replace(state, engine=gated)
+            transport = httpx.ASGITransport(app=app)
+            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+                first = asyncio.create_task(c.post("/v1/search", json=body))
+                await until(lambda: bool(app.state.batcher._inflight))  # the worker holds it
+                second = asyncio.create_task(c.post("/v1/search", json=body))
+                await until(lambda: app.state.batcher.depth == 2)  # the queue is full
+                third = await c.post("/v1/search", json=body)
+                gated.gate.set()
+                return [await first, await second, third, await c.post("/v1/search", json=body)]
+
+    first, second, third, after = asyncio.run(scenario())
+    assert third.status_code == 429
+    assert third.headers["retry-after"] == "1"
+    assert third.json()["type"] == "overloaded"
+    assert [first.status_code, second.status_code, after.status_code] == [200, 200, 200]
+
+
+def test_readyz_is_503_with_the_reason_when_the_bundle_is_bad(tmp_path: Path) -> None:
+    with TestClient(create_app(Settings(bundle=tmp_path / "missing", backend="numpy"))) as c:
+        deadline = time.monotonic() + 30
+        while "refused" not in c.get("/readyz").json()["message"]:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        r = c.get("/readyz")
+        assert r.status_code == 503
+        assert r.json()["type"] == "not_ready"
+        assert "manifest.json: missing" in r.json()["message"]
+        assert c.get("/healthz").json() == {"status": "ok"}
+        assert "esp_ready 0.0" in c.get("/metrics").text
+
+
+@pytest.mark.parametrize(
+    ("loc", "field"),
+    [
+        (("body", "queries", 0, "vector", "Full", 3), "queries[0].vector[3]"),
+        (("body", "weights", "By-Name", "entity"), "weights.entity"),
+        (("body", "weights", "In-Order", 1), "weights[1]"),
+        (("query", "unit_id"), "unit_id"),
+        (("body",), None),
+    ],
+)
+def test_pydantic_locations_become_dotted_fields(loc: tuple[Any, ...], field: str | None) -> None:
+    assert dotted_field(loc) == field
+
+
+def test_several_errors_are_summarised_in_one_body() -> None:
+    errors = [
+        {"loc": ("body", "k"), "msg": "Input should be a valid integer", "type": "int_type"},
+        {"loc": ("body", "queries"), "msg": "Field required", "type": "missing"},
+    ]
+    body = validation_error_body(errors)
+    assert body == {
+        "type": "validation_error",
+        "message": "k: Input should be a valid integer; also: queries is required",
+        "field": "k",
+    }
