@@ -47,6 +47,9 @@ class ChunkedBackend(Backend):
         """Context entered around a whole scan, e.g. one BLAS thread per worker."""
         return nullcontext()
 
+    def _init_worker(self) -> None:
+        """Runs once in each worker thread (per-thread settings, e.g. torch's thread count)."""
+
     def _chunk_for(self, nq: int) -> int:
         if self.chunk_rows:
             return self.chunk_rows
@@ -76,7 +79,8 @@ class ChunkedBackend(Backend):
 
     def _scan_group(self, scaled: np.ndarray, c: int, lowp: bool) -> tuple[np.ndarray, np.ndarray]:
         nq = scaled.shape[0]
-        chunk = self._chunk_for(nq)
+        # every worker gets rows, even when the corpus is smaller than threads * chunk
+        chunk = min(self._chunk_for(nq), max(256, -(-self.num_docs // self.threads)))
         prepared = self._prepare(scaled, lowp)
 
         def work(span: tuple[int, int]) -> TopCandidates:
@@ -93,7 +97,9 @@ class ChunkedBackend(Backend):
                 sels = [work(ranges[0])]
             else:
                 if self._pool is None:
-                    self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix=f"esp-{self.name}")
+                    self._pool = ThreadPoolExecutor(
+                        self.threads, thread_name_prefix=f"esp-{self.name}", initializer=self._init_worker
+                    )
                 sels = list(self._pool.map(work, ranges))
         sels[0].absorb(sels[1:])
         return sels[0].result()

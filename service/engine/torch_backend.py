@@ -4,8 +4,10 @@ Low precision halves the bytes a scan reads. How to multiply them depends on the
 native bf16/fp16 matrix units (AVX-512 BF16/FP16, AMX) the product runs directly in low
 precision; otherwise a matrix-vector product still runs well directly (F16C conversion in the
 kernel), while a batched product is faster after widening each chunk to float32 in a small
-per-worker buffer. Either way the result is re-ranked exactly against the master
-(:mod:`service.engine.base`). CUDA is not used here: the GPU path is the ``cupy`` backend.
+per-worker buffer (torch's vectorised cast) and multiplying with numpy's BLAS, because torch's
+float32 CPU matmul (MKL) is slow on AMD CPUs (DESIGN 6b). Either way the result is re-ranked
+exactly against the master (:mod:`service.engine.base`). CUDA is not used here: the GPU path is
+the ``cupy`` backend.
 """
 
 from __future__ import annotations
@@ -13,13 +15,13 @@ from __future__ import annotations
 import contextlib
 import threading
 import warnings
-from collections.abc import Iterator
 from typing import Any, ClassVar
 
 import numpy as np
 
 from service.engine.base import BackendUnavailable
 from service.engine.chunked import ChunkedBackend
+from service.engine.numpy_backend import blas_limiter
 from subspace.layout import SubspaceLayout
 
 
@@ -60,21 +62,11 @@ class TorchBackend(ChunkedBackend):
         self._native_lowp = "AVX512" in cap or "AMX" in cap
         self._local = threading.local()
 
-    @contextlib.contextmanager
-    def _one_thread(self) -> Iterator[None]:
-        torch = self._torch
-        before = torch.get_num_threads()
-        if self.threads > 1 and len(self._ranges(self._chunk_for(1))) > 1:
-            torch.set_num_threads(1)
-        else:
-            torch.set_num_threads(self.threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(before)
-
     def _worker_limits(self) -> contextlib.AbstractContextManager[Any]:
-        return self._one_thread()
+        return blas_limiter(1)  # OpenBLAS's thread count is process-wide
+
+    def _init_worker(self) -> None:
+        self._torch.set_num_threads(1)  # per thread (OpenMP and MKL settings are thread-local)
 
     def _lowp_products(self, nq: int) -> bool:
         return self._dtype != self._torch.float32 and (self._native_lowp or nq <= self.direct_max_batch)
@@ -100,5 +92,9 @@ class TorchBackend(ChunkedBackend):
                 scratch = self._local.scratch = torch.empty((stop - start, self.dim), dtype=torch.float32)
             widened = scratch[: stop - start]
             widened.copy_(block)
-            torch.mm(q32, widened.T, out=target)
+            rows, q = widened.numpy(), q32.numpy()
+            if len(q) == 1:
+                np.matmul(rows, q[0], out=out[0])
+            else:
+                np.matmul(q, rows.T, out=out)
         return out
