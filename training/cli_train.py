@@ -1,0 +1,54 @@
+"""Train the multi-task ESP bi-encoder and export a bundle.
+
+Reads a YAML config (see configs/demo.yaml, every field commented); any field can be
+overridden by an environment variable ESP_TRAIN_<FIELD>, nested with "__", e.g.
+ESP_TRAIN_OPTIM__STEPS=50 or ESP_TRAIN_TRUNK__MODE=top:2. Writes to --out:
+train_log.jsonl (one record per step: per task loss, lambda, grad norm; per task pair the
+gradient cosine and whether PCGrad projected), metrics.json (held-out metrics at the start
+and the end), config.json, and bundle/ (unless export.enabled is false).
+
+Example:  esp train --config configs/demo.yaml --out artifacts/demo
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--config", default="configs/demo.yaml", help="YAML config (default configs/demo.yaml)"
+    )
+    parser.add_argument("--out", default="artifacts/demo", help="output folder (default artifacts/demo)")
+    parser.add_argument("--steps", type=int, default=None, help="override optim.steps")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run(args: argparse.Namespace) -> int:
+    from pydantic import ValidationError
+
+    from training.config import load_config
+    from training.trainer import train
+
+    overrides = {}
+    try:
+        cfg = load_config(args.config)
+        if args.steps is not None:
+            overrides["optim"] = {**cfg.optim.model_dump(), "steps": args.steps}
+            cfg = load_config(args.config, **overrides)
+    except (ValidationError, ValueError, FileNotFoundError) as exc:
+        print(f"esp train: invalid config {args.config}: {exc}", file=sys.stderr)
+        return 2
+    result = train(cfg, args.out, progress=not args.no_progress)
+    summary = {
+        "out": args.out,
+        "bundle": str(result.bundle_path) if result.bundle_path else None,
+        "start": {k: v["main"] for k, v in result.metrics["start"].items()},
+        "final": {k: v["main"] for k, v in result.metrics["final"].items()},
+        "improved": result.metrics["improved"],
+        "timings_s": {k: round(v, 1) for k, v in result.timings.items()},
+    }
+    print(json.dumps(summary, indent=2))
+    return 0 if all(result.metrics["improved"].values()) else 3

@@ -1,0 +1,242 @@
+"""Objective data sets built from the shipped data, with held-out splits that are never trained on.
+
+Registry :data:`BUILDERS` (config ``objectives[].data``):
+
+- ``semantic``: TREC DL pairs query -> passage graded ``>= min_grade`` for the training queries,
+  optional judged-non-relevant hard negatives, plus MIMICS ``query -> refined query`` pairs.
+  Held out: NDCG@10 over the passage corpus for the held-out queries.
+- ``entity``: DL-Hard queries with gold entity links -> passages that mention a linked entity
+  (surface form or Wikipedia title, whole words; names found in more than ``max_df`` passages
+  are too generic and ignored). Held out: fraction of the top-10 passages that mention one of
+  the query's entities (``entity_p@10``), and ``entity_hit@10`` (any of them does).
+- ``intent``: ORCAS-I queries with their (mapped) intent class. Held out: a fixed fraction of
+  queries chosen by a hash of the qid; accuracy and macro-F1.
+
+Query split (:class:`Split`): ``by: year`` trains on one TREC DL year and holds out the other
+(queries of both the semantic and the entity objective), ``by: fold`` holds out the DL-Hard
+folds listed and trains on every other query.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import random
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import Any
+
+from training.data.dlhard import load_entity_queries, load_folds, name_mentions
+from training.data.mimics import load_mimics_pairs
+from training.data.orcas import load_orcas
+from training.data.trec import TrecDL, load_trec
+
+
+@dataclass(frozen=True)
+class Split:
+    by: str = "year"  # "year" | "fold"
+    heldout_year: str = "dl20"
+    heldout_folds: tuple[int, ...] = (5,)
+    intent_heldout_fraction: float = 0.2
+
+
+@dataclass
+class PairSet:
+    """Training pairs; ``groups[i]`` identifies the anchor (no two rows of a group in one batch)."""
+
+    anchors: list[str]
+    positives: list[str]
+    groups: list[str]
+    negatives: dict[str, list[str]] = field(default_factory=dict)  # group -> hard negative texts
+    targets: list[float] | None = None
+
+    def __len__(self) -> int:
+        return len(self.anchors)
+
+
+@dataclass
+class ClassSet:
+    texts: list[str]
+    labels: list[int]
+    classes: list[str]
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+
+@dataclass
+class HeldOut:
+    """``kind``: ``retrieval`` (qrels graded), ``entity`` (relevant = mentioning rows), ``classification``."""
+
+    kind: str
+    queries: dict[str, str] = field(default_factory=dict)
+    qrels: dict[str, dict[str, int]] = field(default_factory=dict)
+    texts: list[str] = field(default_factory=list)
+    labels: list[int] = field(default_factory=list)
+
+
+@dataclass
+class ObjectiveData:
+    name: str
+    train: PairSet | ClassSet
+    heldout: HeldOut
+    stats: dict[str, Any]
+
+
+class DataContext:
+    """Shared, lazily loaded sources for the builders (loads each file once)."""
+
+    def __init__(self, data_dir: Path | None, split: Split, seed: int = 0) -> None:
+        self.data_dir = data_dir
+        self.split = split
+        self.seed = seed
+        if split.by not in ("year", "fold"):
+            raise ValueError(f"split.by {split.by!r} is invalid; allowed: 'year', 'fold'")
+
+    @cached_property
+    def trec(self) -> TrecDL:
+        return load_trec(self.data_dir)
+
+    @cached_property
+    def heldout_qids(self) -> set[str]:
+        """Query ids never trained on (semantic and entity objectives)."""
+        if self.split.by == "year":
+            if self.split.heldout_year not in self.trec.queries:
+                raise ValueError(
+                    f"split.heldout_year {self.split.heldout_year!r} is invalid; "
+                    f"allowed: {sorted(self.trec.queries)}"
+                )
+            ids = set(self.trec.queries[self.split.heldout_year])
+            ids |= {q.qid for q in load_entity_queries(self.data_dir) if q.year == self.split.heldout_year}
+            return ids
+        folds = load_folds(self.data_dir)
+        bad = sorted(set(self.split.heldout_folds) - set(folds))
+        if bad:
+            raise ValueError(f"split.heldout_folds {bad} do not exist; allowed: {sorted(folds)}")
+        return {q for f in self.split.heldout_folds for q in folds[f]}
+
+    def is_heldout(self, qid: str) -> bool:
+        return qid in self.heldout_qids
+
+    def all_queries(self) -> dict[str, str]:
+        return {q: t for qs in self.trec.queries.values() for q, t in qs.items()}
+
+
+def _hash_fraction(key: str) -> float:
+    return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+
+
+def build_semantic(
+    ctx: DataContext,
+    *,
+    min_grade: int = 2,
+    hard_negatives: bool = True,
+    mimics: bool = True,
+    max_mimics_pairs: int | None = None,
+) -> ObjectiveData:
+    trec = ctx.trec
+    text_of = dict(zip(trec.pids, trec.passages, strict=True))
+    queries = ctx.all_queries()
+    anchors, positives, groups, negatives = [], [], [], {}
+    held_q, held_rels = {}, {}
+    for qid, text in queries.items():
+        rels = {p: g for p, g in trec.qrels.get(qid, {}).items() if p in text_of}
+        if ctx.is_heldout(qid):
+            if any(g >= min_grade for g in rels.values()):
+                held_q[qid], held_rels[qid] = text, rels
+            continue
+        for pid, grade in sorted(rels.items()):
+            if grade >= min_grade:
+                anchors.append(text)
+                positives.append(text_of[pid])
+                groups.append(f"trec:{qid}")
+        if hard_negatives:
+            negs = [text_of[p] for p, g in sorted(rels.items()) if g == 0]
+            if negs:
+                negatives[f"trec:{qid}"] = negs
+    n_trec = len(anchors)
+    if mimics:
+        pairs = load_mimics_pairs(ctx.data_dir)
+        if max_mimics_pairs is not None:
+            pairs = random.Random(ctx.seed).sample(pairs, min(max_mimics_pairs, len(pairs)))
+        for q, refined in pairs:
+            anchors.append(q)
+            positives.append(refined)
+            groups.append(f"mimics:{q}")
+    return ObjectiveData(
+        "semantic",
+        PairSet(anchors, positives, groups, negatives),
+        HeldOut("retrieval", queries=held_q, qrels=held_rels),
+        {"trec_pairs": n_trec, "mimics_pairs": len(anchors) - n_trec, "heldout_queries": len(held_q)},
+    )
+
+
+def build_entity(ctx: DataContext, *, max_df: int = 500, max_pairs_per_query: int = 64) -> ObjectiveData:
+    trec = ctx.trec
+    eqs = load_entity_queries(ctx.data_dir)
+    hits = name_mentions(sorted({n for q in eqs for n in q.names}), trec.passages)
+    rng = random.Random(ctx.seed)
+    anchors, positives, groups = [], [], []
+    held_q: dict[str, str] = {}
+    held_rels: dict[str, dict[str, int]] = {}
+    mentions = [sorted(set().union(*(hits[n] for n in q.names if len(hits[n]) <= max_df))) for q in eqs]
+    for q, rows in zip(eqs, mentions, strict=True):
+        if not rows:
+            continue
+        if ctx.is_heldout(q.qid):
+            held_q[q.qid] = q.text
+            held_rels[q.qid] = {trec.pids[r]: 1 for r in rows}
+            continue
+        for r in rng.sample(rows, min(max_pairs_per_query, len(rows))):
+            anchors.append(q.text)
+            positives.append(trec.passages[r])
+            groups.append(f"entity:{q.qid}")
+    return ObjectiveData(
+        "entity",
+        PairSet(anchors, positives, groups),
+        HeldOut("entity", queries=held_q, qrels=held_rels),
+        {
+            "pairs": len(anchors),
+            "train_queries": len(set(groups)),
+            "heldout_queries": len(held_q),
+            "max_df": max_df,
+        },
+    )
+
+
+def build_intent(ctx: DataContext, *, classes: Any = "3") -> ObjectiveData:
+    data = load_orcas(ctx.data_dir, classes)
+    frac = ctx.split.intent_heldout_fraction
+    if not 0 < frac < 1:
+        raise ValueError(f"split.intent_heldout_fraction must be in (0, 1), got {frac!r}")
+    tr_t, tr_l, ho_t, ho_l = [], [], [], []
+    for qid, text, label in zip(data.qids, data.texts, data.labels, strict=True):
+        if _hash_fraction(f"orcas:{qid}") < frac:
+            ho_t.append(text)
+            ho_l.append(label)
+        else:
+            tr_t.append(text)
+            tr_l.append(label)
+    return ObjectiveData(
+        "intent",
+        ClassSet(tr_t, tr_l, data.classes),
+        HeldOut("classification", texts=ho_t, labels=ho_l),
+        {"train": len(tr_t), "heldout": len(ho_t), "classes": data.classes},
+    )
+
+
+BUILDERS: dict[str, Callable[..., ObjectiveData]] = {
+    "semantic": build_semantic,
+    "entity": build_entity,
+    "intent": build_intent,
+}
+
+
+def build_objective(kind: str, ctx: DataContext, **params: Any) -> ObjectiveData:
+    if kind not in BUILDERS:
+        raise ValueError(f"unknown objective data {kind!r}; allowed: {sorted(BUILDERS)}")
+    try:
+        return BUILDERS[kind](ctx, **params)
+    except TypeError as exc:
+        raise ValueError(f"objective data {kind!r}: bad parameters {sorted(params)} ({exc})") from exc

@@ -1,0 +1,85 @@
+"""Frozen-trunk feature cache: pooled trunk features computed once, reused across runs.
+
+With a frozen trunk the only expensive step is the transformer forward pass, and its output
+(mean-pooled ``(n, H)`` float32) depends only on the trunk weights, tokenizer settings and the
+texts. The cache key is a sha256 over exactly those, so a changed model, ``max_length`` or
+text list never reads a stale entry. Entries are ``<key>.npy`` written atomically (temporary
+file in the same folder, then ``os.replace``) and read with ``allow_pickle=False``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from training.model import Trunk
+
+log = logging.getLogger(__name__)
+
+
+def trunk_fingerprint(trunk: Trunk) -> str:
+    """sha256 of the trunk's weights (names, shapes, bytes), tokenizer vocabulary size and max_length."""
+    h = hashlib.sha256()
+    for name, tensor in sorted(trunk.model.state_dict().items()):
+        t = tensor.detach().to("cpu", torch.float32).contiguous()
+        h.update(name.encode())
+        h.update(str(tuple(t.shape)).encode())
+        h.update(t.numpy().tobytes())
+    h.update(f"mean|{trunk.max_length}|{len(trunk.tokenizer)}".encode())
+    return h.hexdigest()
+
+
+def texts_digest(texts: Sequence[str]) -> str:
+    h = hashlib.sha256()
+    for t in texts:
+        b = t.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
+
+
+def pooled_features(
+    trunk: Trunk,
+    texts: Sequence[str],
+    cache_dir: str | Path | None = None,
+    *,
+    fingerprint: str | None = None,
+    batch_size: int = 64,
+    desc: str = "trunk features",
+) -> np.ndarray:
+    """Pooled trunk features ``(n, H)`` float32 for ``texts``, from the cache when possible."""
+    path = None
+    if cache_dir is not None:
+        fp = fingerprint or trunk_fingerprint(trunk)
+        key = hashlib.sha256(f"{fp}|{texts_digest(texts)}".encode()).hexdigest()[:32]
+        path = Path(cache_dir) / f"{key}.npy"
+        if path.is_file():
+            feats = np.load(path, allow_pickle=False)
+            if feats.shape == (len(texts), trunk.hidden_size):
+                log.info("%s: %d texts from cache %s", desc, len(texts), path.name)
+                return feats
+            log.warning("%s: cache entry %s has shape %s, recomputing", desc, path.name, feats.shape)
+    from tqdm.auto import tqdm
+
+    with tqdm(total=len(texts), desc=desc, unit="text", mininterval=2.0) as bar:
+        feats = trunk.encode(list(texts), batch_size=batch_size, progress=bar)
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npy.tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as fh:
+                np.save(fh, feats, allow_pickle=False)
+                fh.flush()
+                os.fsync(fh.fileno())
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return feats

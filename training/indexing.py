@@ -1,0 +1,119 @@
+"""Build a bundle for any corpus with the query encoder of an existing bundle (``esp index``).
+
+Streamed: documents are read, embedded and spilled to temporary files batch by batch, so
+memory holds one batch plus the id list. Empty (whitespace-only) texts are skipped and
+counted — there is nothing to embed and no query could match them. Texts longer than the
+encoder's ``max_length`` tokens are truncated exactly as queries are (the usual bi-encoder
+behaviour) and counted. Both counts land in the manifest's ``index`` section and the log.
+The new bundle keeps the source bundle's encoder, layout and operating points.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from subspace.bundle import read_bundle, write_bundle
+from subspace.scoring import normalize_blocks
+from training.data.corpus import CorpusError, Doc, read_corpus
+
+log = logging.getLogger(__name__)
+
+
+def index_corpus(
+    src_bundle: str | Path,
+    corpus: str | Path,
+    out: str | Path,
+    *,
+    batch_size: int = 256,
+    dtype: str = "float32",
+    overwrite: bool = False,
+    progress: bool = True,
+    threads: int | None = None,
+) -> dict[str, Any]:
+    """Embed ``corpus`` with ``src_bundle``'s encoder and write a bundle at ``out``; return a summary."""
+    from tqdm.auto import tqdm
+
+    from service.encoder import QueryEncoder
+
+    src = read_bundle(src_bundle)
+    if src.encoder_dir is None:
+        raise CorpusError(f"{src_bundle}: the bundle has no encoder/ folder to index with")
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype {dtype!r} is invalid; allowed: 'float32', 'float16'")
+    if Path(out).exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    enc = QueryEncoder.load(src.encoder_dir, threads=threads)
+    if enc.layout != src.layout:
+        raise CorpusError(f"{src_bundle}: the encoder's layout differs from the bundle's")
+    counts = {"documents": 0, "skipped_empty": 0, "truncated": 0}
+    ids: list[str] = []
+    with tempfile.TemporaryDirectory(prefix="esp-index-") as tmp:
+        raw = Path(tmp) / "emb.f32"
+        docs_path = Path(tmp) / "docs.jsonl"
+        with (
+            raw.open("wb") as emb_fh,
+            docs_path.open("w", encoding="utf-8") as docs_fh,
+            tqdm(desc="index", unit="doc", disable=not progress, mininterval=1.0) as bar,
+        ):
+            for batch in _batches(read_corpus(corpus), batch_size, counts):
+                texts = [d.text for d in batch]
+                lengths = enc.tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]
+                counts["truncated"] += sum(len(x) > enc.max_length for x in lengths)
+                vecs = enc.encode(texts, batch_size=min(64, batch_size)).astype(np.float32)
+                emb_fh.write(np.ascontiguousarray(vecs).tobytes())
+                for d in batch:
+                    ids.append(d.id)
+                    docs_fh.write(json.dumps({"text": d.text, **d.display}, ensure_ascii=False) + "\n")
+                counts["documents"] += len(batch)
+                bar.update(len(batch))
+        if not ids:
+            raise CorpusError(f"{corpus}: no documents with text to index")
+        emb = np.memmap(raw, dtype=np.float32, mode="r", shape=(len(ids), src.layout.dim))
+        if dtype == "float16":
+            emb = normalize_blocks(np.asarray(emb), src.layout).astype(np.float16)
+
+        def docs() -> Iterator[dict[str, Any]]:
+            with docs_path.open(encoding="utf-8") as fh:
+                for line in fh:
+                    yield json.loads(line)
+
+        keep = {k: v for k, v in src.manifest.items() if k in ("encoder", "training", "operating_points")}
+        keep["index"] = {"source_bundle": src.version, "corpus": Path(corpus).name, **counts}
+        path = write_bundle(
+            out,
+            src.layout,
+            emb,
+            ids,
+            docs=docs(),
+            encoder_dir=src.encoder_dir,
+            sections=keep,
+            overwrite=overwrite,
+        )
+    if counts["skipped_empty"]:
+        log.warning("skipped %d documents with empty text", counts["skipped_empty"])
+    if counts["truncated"]:
+        log.warning(
+            "%d documents were longer than %d tokens and were truncated", counts["truncated"], enc.max_length
+        )
+    return {"bundle": str(path), **counts}
+
+
+def _batches(docs: Iterator[Doc], size: int, counts: dict[str, int]) -> Iterator[list[Doc]]:
+    batch: list[Doc] = []
+    for d in docs:
+        if not d.text.strip():
+            counts["skipped_empty"] += 1
+            continue
+        batch.append(d)
+        if len(batch) == size:
+            yield batch
+            batch = []
+    if batch:
+        yield batch

@@ -1,0 +1,34 @@
+"""Loss registry: config names a loss by key and passes its hyperparameters as kwargs.
+
+Adding a loss: one file with a :class:`~training.losses.base.Loss` subclass, one line in
+:data:`LOSSES`, one test file.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from training.losses.base import Loss, TaskOutput
+from training.losses.bce import BCE
+from training.losses.cross_entropy import CrossEntropy
+from training.losses.info_nce import InfoNCE
+from training.losses.mse import MSE
+
+LOSSES: dict[str, type[Loss]] = {
+    "info_nce": InfoNCE,
+    "cross_entropy": CrossEntropy,
+    "mse": MSE,
+    "bce": BCE,
+}
+
+__all__ = ["LOSSES", "Loss", "TaskOutput", "build_loss"]
+
+
+def build_loss(name: str, **params: Any) -> Loss:
+    """Instantiate loss ``name``; unknown names and bad kwargs raise ``ValueError`` naming them."""
+    if name not in LOSSES:
+        raise ValueError(f"unknown loss {name!r}; allowed: {sorted(LOSSES)}")
+    try:
+        return LOSSES[name](**params)
+    except TypeError as exc:
+        raise ValueError(f"loss {name!r}: bad parameters {sorted(params)} ({exc})") from exc
