@@ -20,6 +20,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bundle-info": ("subspace.cli_bundle_info", "validate a bundle and print its summary"),
     "serve": ("service.cli_serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),
     "cluster": ("service.cli_cluster", "cluster keywords on weighted subspace similarity (CSV out)"),
+    "eval": ("training.evaluate.cli", "run the ESP ablation benchmark, write reports/esp-bench.md + plots"),
 }
 
 
