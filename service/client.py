@@ -15,6 +15,8 @@ numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
 from __future__ import annotations
 
 import asyncio
+import importlib.util
+import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
@@ -25,6 +27,12 @@ import numpy as np
 from pydantic import BaseModel
 
 from service.schemas import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
+
+# httpcore runs `import sniffio` several times per async request; when sniffio is not installed
+# each failed import searches sys.path again (~1 ms apiece, the client's largest cost). Caching
+# the miss makes it fail fast; httpcore then assumes asyncio, which is what this client uses.
+if importlib.util.find_spec("sniffio") is None:
+    sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
 
 T = TypeVar("T")
 QueryLike = str | Sequence[float] | np.ndarray | Mapping[str, Any]
