@@ -6,8 +6,8 @@
 - DL-HARD gold entities per query: each gold link's surface form and its Wikipedia title
   (URL tail, underscores to spaces, disambiguation dropped). A passage "mentions the
   entity" when it contains any of them as a whole word, case-insensitively.
-- ORCAS-I gold (1,000 queries, manual intent labels), split into stratified folds.
 - MIMICS-Manual refinements as "query + refinement" texts labelled with their parent query.
+  (ORCAS-I is read with the trainer's loader, :func:`training.data.orcas.load_orcas`.)
 """
 
 from __future__ import annotations
@@ -18,8 +18,6 @@ import json
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import numpy as np
 
 from training.evaluate.metrics import entity_mentioned, wikipedia_title
 
@@ -128,7 +126,7 @@ def load_dl(root: Path, queries_per_year: int | None = None, pool_per_query: int
 
 @dataclass(frozen=True)
 class LabelledTexts:
-    """Texts with one label each (ORCAS-I intents, or MIMICS parent queries)."""
+    """Texts with one label each (MIMICS refinements labelled with their parent query)."""
 
     texts: list[str]
     labels: list[str]
@@ -137,72 +135,24 @@ class LabelledTexts:
         return len(self.texts)
 
 
-def load_orcas(path: Path, limit: int | None = None) -> LabelledTexts:
-    """ORCAS-I gold: ``qid query did url label_manual`` -> (query, label), file order."""
-    texts, labels = [], []
-    with Path(path).open(encoding="utf-8", newline="") as f:
-        for rec in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-            texts.append(rec["query"].strip())
-            labels.append(rec["label_manual"].strip())
-    if limit is not None:
-        idx = stratified_subset(labels, limit)
-        texts, labels = [texts[i] for i in idx], [labels[i] for i in idx]
-    return LabelledTexts(texts, labels)
+def load_mimics_clusters(data_dir: Path | None, max_parents: int | None = None) -> LabelledTexts:
+    """MIMICS "query + refinement" texts (the trainer's :func:`training.data.mimics.load_mimics_pairs`)
+    labelled with their parent query. Only parents with at least two distinct refinements are
+    kept (a group of one says nothing about topical agreement); ``max_parents``: the first ones."""
+    from training.data.mimics import load_mimics_pairs
 
-
-def stratified_subset(labels: list[str], n: int) -> list[int]:
-    """The first ``n`` indices taken round-robin over classes (keeps every class present)."""
-    by: dict[str, list[int]] = defaultdict(list)
-    for i, lab in enumerate(labels):
-        by[lab].append(i)
-    out: list[int] = []
-    queues = [list(v) for v in by.values()]
-    while len(out) < min(n, len(labels)):
-        for qu in queues:
-            if qu and len(out) < n:
-                out.append(qu.pop(0))
-    return sorted(out)
-
-
-def stratified_folds(labels: list[str], n_folds: int, seed: int) -> np.ndarray:
-    """``(n,)`` fold id per item: sklearn ``StratifiedKFold(shuffle=True, random_state=seed)``."""
-    from sklearn.model_selection import StratifiedKFold
-
-    folds = np.empty(len(labels), dtype=np.int64)
-    skf = StratifiedKFold(n_splits=n_folds, shuffle=True, random_state=seed)
-    for f, (_, test) in enumerate(skf.split(np.zeros(len(labels)), labels)):
-        folds[test] = f
-    return folds
-
-
-def refinement_text(query: str, option: str) -> str:
-    """"query + refinement": the option alone when it already contains the query."""
-    q, o = query.strip(), option.strip()
-    return o if q.lower() in o.lower() else f"{q} {o}"
-
-
-def load_mimics(path: Path, max_queries: int | None = None) -> LabelledTexts:
-    """Unique "query + refinement" texts of MIMICS-Manual, labelled with the parent query.
-
-    Only parent queries with at least two distinct refinements are kept (a cluster of one
-    says nothing about topical agreement); ``max_queries`` keeps the first parents.
-    """
     by_parent: dict[str, list[str]] = {}
-    with Path(path).open(encoding="utf-8", newline="") as f:
-        for rec in csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE):
-            q = rec["query"].strip()
-            opts = by_parent.setdefault(q, [])
-            for i in range(1, 6):
-                o = (rec.get(f"option_{i}") or "").strip()
-                if o:
-                    t = refinement_text(q, o)
-                    if t not in opts:
-                        opts.append(t)
-    parents = [q for q, o in by_parent.items() if len(o) >= 2]
-    if max_queries is not None:
-        parents = parents[:max_queries]
+    for q, refined in load_mimics_pairs(data_dir):
+        by_parent.setdefault(q, [])
+        if refined not in by_parent[q]:
+            by_parent[q].append(refined)
+    parents = [q for q, r in by_parent.items() if len(r) >= 2][:max_parents]
+    seen: set[str] = set()
     texts, labels = [], []
     for q in parents:
-        texts.extend(by_parent[q])
-        labels.extend([q] * len(by_parent[q]))
+        for t in by_parent[q]:
+            if t not in seen:  # a refinement shared by two parents is kept once, with the first
+                seen.add(t)
+                texts.append(t)
+                labels.append(q)
     return LabelledTexts(texts, labels)

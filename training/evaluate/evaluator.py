@@ -56,8 +56,9 @@ class ZeroShot:
     def fit_centroids(self, pooled: np.ndarray, labels: Sequence[int], n_classes: int) -> ZeroShot:
         x = self.embed(pooled)
         lab = np.asarray(labels)
-        c = np.stack([x[lab == k].mean(axis=0) if np.any(lab == k) else np.zeros(x.shape[1]) for k in
-                      range(n_classes)])
+        c = np.stack(
+            [x[lab == k].mean(axis=0) if np.any(lab == k) else np.zeros(x.shape[1]) for k in range(n_classes)]
+        )
         c /= np.maximum(np.linalg.norm(c, axis=1, keepdims=True), 1e-12)
         return ZeroShot(self.hidden, c.astype(np.float32), self.block)
 
@@ -77,7 +78,8 @@ class ModelEmbedder:
 
     @property
     def layout(self) -> SubspaceLayout:
-        return self.model.layout  # type: ignore[no-any-return]
+        layout: SubspaceLayout = self.model.layout
+        return layout
 
     def embed(self, pooled: np.ndarray) -> np.ndarray:
         return normalize_blocks(self.model.encode_pooled(np.asarray(pooled, dtype=np.float32)), self.layout)
@@ -150,11 +152,21 @@ def evaluate_model(
 
     tau = math.nan
     if semantic_block in layout and entity_block in layout:
-        tau = ranking_conflict(bench, corpus, queries, layout, first=semantic_block, second=entity_block,
-                               qids=bench.entity_qids(eval_year))
+        tau = ranking_conflict(
+            bench,
+            corpus,
+            queries,
+            layout,
+            first=semantic_block,
+            second=entity_block,
+            qids=bench.entity_qids(eval_year),
+        )
 
-    rows = corpus if erank_rows is None or erank_rows >= len(corpus) else corpus[
-        np.random.default_rng(0).choice(len(corpus), erank_rows, replace=False)]
+    rows = (
+        corpus
+        if erank_rows is None or erank_rows >= len(corpus)
+        else corpus[np.random.default_rng(0).choice(len(corpus), erank_rows, replace=False)]
+    )
     erank = {"all": effective_rank(rows)}
     if len(layout) > 1:
         for obj in layout.objectives:

@@ -49,7 +49,7 @@ def dcg(gains: Sequence[float]) -> float:
     return float(np.sum(g / np.log2(np.arange(2, g.size + 2))))
 
 
-def ndcg_at_k(ranked: Sequence[Hashable], qrels: Mapping[Hashable, int], k: int = 10) -> float:
+def ndcg_at_k(ranked: Sequence[str], qrels: Mapping[str, int], k: int = 10) -> float:
     """trec_eval ``ndcg_cut_k`` of one ranked list against graded ``qrels`` ``{doc: grade}``.
 
     Returns 0.0 for a query without any positive judgement (trec_eval does the same).
@@ -198,7 +198,9 @@ def hypervolume_2d(points: np.ndarray, ref: tuple[float, float] = (0.0, 0.0)) ->
 # ---------------------------------------------------------------- clusters
 
 
-def purity(classes: Sequence[Hashable], clusters: Sequence[int], noise: int | None = -1) -> float:
+def purity(
+    classes: Sequence[Hashable], clusters: Sequence[int] | np.ndarray, noise: int | None = -1
+) -> float:
     """Share of items whose cluster's majority class is their own class.
 
     Items in the ``noise`` cluster (HDBSCAN's -1) are left out; NaN when nothing is clustered.
@@ -217,7 +219,7 @@ def purity(classes: Sequence[Hashable], clusters: Sequence[int], noise: int | No
     return total / int(mask.sum())
 
 
-def _noise_as_singletons(clusters: Sequence[int], noise: int | None) -> np.ndarray:
+def _noise_as_singletons(clusters: Sequence[int] | np.ndarray, noise: int | None) -> np.ndarray:
     k = np.asarray(clusters).astype(np.int64).copy()
     if noise is not None:
         where = np.nonzero(k == noise)[0]
@@ -226,16 +228,19 @@ def _noise_as_singletons(clusters: Sequence[int], noise: int | None) -> np.ndarr
 
 
 def normalized_mutual_info(
-    classes: Sequence[Hashable], clusters: Sequence[int], noise: int | None = -1
+    classes: Sequence[Hashable], clusters: Sequence[int] | np.ndarray, noise: int | None = -1
 ) -> float:
     """sklearn NMI (arithmetic mean normalisation); noise items become singleton clusters."""
     from sklearn.metrics import normalized_mutual_info_score
 
-    return float(normalized_mutual_info_score(np.asarray(classes, dtype=str),
-                                              _noise_as_singletons(clusters, noise)))
+    return float(
+        normalized_mutual_info_score(np.asarray(classes, dtype=str), _noise_as_singletons(clusters, noise))
+    )
 
 
-def adjusted_rand(classes: Sequence[Hashable], clusters: Sequence[int], noise: int | None = -1) -> float:
+def adjusted_rand(
+    classes: Sequence[Hashable], clusters: Sequence[int] | np.ndarray, noise: int | None = -1
+) -> float:
     """sklearn ARI; noise items become singleton clusters."""
     from sklearn.metrics import adjusted_rand_score
 

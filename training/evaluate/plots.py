@@ -65,8 +65,18 @@ def pareto_plot(
     markers = "osD^v<>ph*"
     for j, (name, (x, y, xs, ys)) in enumerate(points.items()):
         c = colours.get(name, f"C{len(sweeps) + j}")
-        ax.errorbar(x, y, xerr=xs, yerr=ys, fmt=markers[j % len(markers)], color=c, ms=7,
-                    capsize=3, mec="black", label=f"{name}")
+        ax.errorbar(
+            x,
+            y,
+            xerr=xs,
+            yerr=ys,
+            fmt=markers[j % len(markers)],
+            color=c,
+            ms=7,
+            capsize=3,
+            mec="black",
+            label=f"{name}",
+        )
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)

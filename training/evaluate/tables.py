@@ -31,6 +31,7 @@ def fmt(values: Sequence[float] | float, digits: int = 3) -> str:
 
 def markdown_table(header: Sequence[str], rows: Sequence[Sequence[object]]) -> str:
     """A GitHub-flavoured markdown table; cells are ``str()``-ed, pipes escaped."""
+
     def cell(x: object) -> str:
         return str(x).replace("|", "\\|")
 

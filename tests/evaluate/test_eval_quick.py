@@ -1,0 +1,93 @@
+"""`esp eval --quick`: the whole pipeline on a tiny random BERT and a data slice; report structure."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+import yaml
+
+from subspace.bundle import read_bundle, write_bundle
+from subspace.cli import main
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIG = ROOT / "configs" / "eval.yaml"
+
+pytestmark = pytest.mark.slow
+
+
+def _quick_layout() -> SubspaceLayout:
+    raw = yaml.safe_load(CONFIG.read_text())
+    return SubspaceLayout.from_dims({o["name"]: o["dim"] for o in raw["quick"]["training"]["objectives"]})
+
+
+@pytest.fixture(scope="module")
+def quick_run(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    tmp = tmp_path_factory.mktemp("eval")
+    layout = _quick_layout()
+    emb = normalize_blocks(np.random.default_rng(0).standard_normal((3, layout.dim)).astype(np.float32), layout)
+    bundle = write_bundle(tmp / "bundle", layout, emb, ["a", "b", "c"], sections={"training": {"x": 1}})
+    rc = main(["eval", "--quick", "--config", str(CONFIG), "--out", str(tmp / "reports"),
+               "--work-dir", str(tmp / "work"), "--bundle", str(bundle)])
+    assert rc == 0
+    return tmp / "reports", bundle
+
+
+def test_report_has_every_section_and_method(quick_run: tuple[Path, Path]) -> None:
+    out, _ = quick_run
+    md = (out / "esp-bench.md").read_text()
+    for section in ("## Protocol", "## Main table", "## Serving-weight sweep", "## Operating points",
+                    "## Conflict proxy and effective rank", "## Training diagnostics", "## Keyword clustering"):
+        assert section in md
+    cfg = yaml.safe_load(CONFIG.read_text())
+    for spec in cfg["methods"].values():
+        assert f"| {spec['label']} |" in md
+    assert "QUICK MODE" in md
+    for png in ("pareto.png", "diagnostics.png", "clustering.png"):
+        data = (out / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
+        assert f"({png})" in md
+
+
+def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
+    out, _ = quick_run
+    res = json.loads((out / "esp-bench.json").read_text())
+    assert set(res["methods"]) == set(yaml.safe_load(CONFIG.read_text())["methods"])
+    for name, m in res["methods"].items():
+        for row in m["per_seed"].values():
+            assert 0.0 <= row["ndcg@10"] <= 1.0 and 0.0 <= row["entity_p@10"] <= 1.0
+            assert row["n_queries"] == 8  # 4 per year in the quick slice, each scored once
+        assert all(h >= 0 for h in m["hypervolume"])
+        # A sweep's front dominates the default-weights point, so its hypervolume is at least that point's.
+        for seed, curve in m["curves"].items():
+            row = m["per_seed"][seed]
+            assert len(curve) == 6  # simplex grid, step 0.5, 3 subspaces
+            assert max(p["metrics"]["ndcg@10"] for p in curve) >= 0
+            hv_point = row["ndcg@10"] * row["entity_p@10"]
+            assert m["hypervolume"][m["seeds"].index(int(seed))] >= hv_point - 1e-12 or not name.startswith("esp")
+    ops = res["operating_points"]
+    assert set(ops) == {"semantic_first", "balanced", "entity_first"}
+    sem = ops["semantic_first"]["metrics"]["ndcg@10"]
+    ent = ops["entity_first"]["metrics"]["entity_p@10"]
+    front = res["methods"][ "esp_pcgrad_dwa"]["curves"]
+    assert math.isclose(sem, max(np.mean([c[i]["metrics"]["ndcg@10"] for c in front.values()])
+                                 for i in range(6)), abs_tol=1e-12)
+    assert ent >= ops["semantic_first"]["metrics"]["entity_p@10"]
+    diag = res["diagnostics"]["esp_pcgrad_dwa"]
+    assert 0.0 <= diag["proj[semantic/entity]"] <= 1.0
+    assert res["diagnostics"]["esp_sum"]["proj[semantic/entity]"] == 0.0  # no surgery, no projection
+    rows = res["clustering"]["rows"]
+    assert {r["setting"] for r in rows if r["method"] == "esp_pcgrad_dwa"} == set(res["clustering"]["settings"])
+
+
+def test_operating_points_written_into_bundle(quick_run: tuple[Path, Path]) -> None:
+    out, bundle_path = quick_run
+    res = json.loads((out / "esp-bench.json").read_text())
+    b = read_bundle(bundle_path)
+    assert b.operating_points == res["operating_points"]
+    assert b.manifest["training"] == {"x": 1}

@@ -1,0 +1,125 @@
+"""The evaluation config (``configs/eval.yaml``): seeds, held-out years, methods, clustering, quick mode.
+
+Methods are overrides of one base training config (:class:`training.config.TrainConfig`
+fields), deep-merged, so every method trains on the same data with the same budget and
+differs only where its overrides say. Unknown keys are errors naming the allowed ones.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+Year = Literal["dl19", "dl20"]
+_YEARS: tuple[Year, ...] = ("dl20", "dl19")
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class MethodSpec(_Strict):
+    label: str
+    zero_shot: bool = False
+    overrides: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClusterMethod(_Strict):
+    method: str
+    params: dict[str, Any] = Field(default_factory=dict)
+
+
+class ClusteringConfig(_Strict):
+    mimics_parents: int = Field(default=300, ge=2)
+    weights: dict[str, dict[str, float]] = Field(default_factory=dict)
+    methods: list[ClusterMethod] = Field(default_factory=list)
+
+
+class DataSlice(_Strict):
+    """Quick mode: a small copy of the shipped data (see :mod:`training.evaluate.slice`)."""
+
+    queries_per_year: int = Field(default=4, ge=1)
+    pool_per_query: int = Field(default=30, ge=1)
+    orcas_per_class: int = Field(default=12, ge=2)
+    mimics_parents: int = Field(default=12, ge=2)
+
+
+class EvalConfig(_Strict):
+    seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
+    heldout_years: list[Year] = Field(default_factory=lambda: list(_YEARS), min_length=1)
+    sweep_step: float = Field(default=0.1, gt=0, le=1)
+    front_method: str
+    hypervolume_ref: tuple[float, float] = (0.0, 0.0)
+    training: dict[str, Any]
+    methods: dict[str, MethodSpec]
+    clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)
+    data_slice: DataSlice | None = None
+    tiny_trunk: bool = Field(default=False, description="quick mode: a tiny random BERT as the trunk")
+    quick: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check(self) -> EvalConfig:
+        if self.front_method not in self.methods:
+            raise ValueError(
+                f"front_method {self.front_method!r} is not a method; allowed: {sorted(self.methods)}")
+        if self.methods[self.front_method].zero_shot:
+            raise ValueError(f"front_method {self.front_method!r} must be a trained method")
+        for name in self.methods:
+            self.training_config(name)  # every method's merged config must validate
+        return self
+
+    def training_dict(self, method: str, *, seed: int | None = None, heldout_year: str | None = None
+                      ) -> dict[str, Any]:
+        """The merged training config of ``method`` as a dict (before TrainConfig validation)."""
+        if method not in self.methods:
+            raise ValueError(f"method {method!r} is unknown; allowed: {sorted(self.methods)}")
+        out = deep_merge(self.training, self.methods[method].overrides)
+        if seed is not None:
+            out["seed"] = seed
+            for part in ("surgery",):
+                if out.get(part, {}).get("name") == "pcgrad":
+                    out[part] = deep_merge(out[part], {"params": {"seed": seed}})
+        if heldout_year is not None:
+            out["split"] = deep_merge(out.get("split", {}), {"by": "year", "heldout_year": heldout_year})
+        return out
+
+    def training_config(self, method: str, **kw: Any) -> Any:
+        from training.config import TrainConfig
+
+        return TrainConfig(**self.training_dict(method, **kw))
+
+
+def deep_merge(base: Mapping[str, Any], over: Mapping[str, Any]) -> dict[str, Any]:
+    """``base`` with ``over`` merged in: mappings recursively, everything else (lists too) replaced."""
+    out = copy.deepcopy(dict(base))
+    for k, v in over.items():
+        if isinstance(v, Mapping) and isinstance(out.get(k), Mapping):
+            out[k] = deep_merge(out[k], v)
+        else:
+            out[k] = copy.deepcopy(v)
+    return out
+
+
+def load_eval_config(path: str | Path, *, quick: bool = False) -> EvalConfig:
+    """Read the YAML; with ``quick`` its ``quick:`` section is deep-merged over the rest and the
+    tiny trunk is switched on."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"eval config {p} does not exist")
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p}: not valid YAML ({exc})") from exc
+    if not isinstance(raw, dict):
+        raise ValueError(f"{p}: must be a YAML mapping")
+    if quick:
+        over = raw.get("quick") or {}
+        raw = deep_merge(raw, over)
+        raw.setdefault("data_slice", {})
+        raw["tiny_trunk"] = True
+    return EvalConfig(**raw)

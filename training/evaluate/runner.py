@@ -1,0 +1,209 @@
+"""Run the ablation: train every method per seed and held-out year, evaluate, aggregate.
+
+Protocol (written into the report):
+
+- Cross-year hold-out: a run trained with ``split.heldout_year = dl20`` is scored on the DL20
+  queries, one trained with ``dl19`` on DL19; per seed the two runs' per-query scores are
+  pooled, so every one of the 97 (NDCG) / 94 (entity) queries is scored by a model that never
+  trained on it.
+- Intent: the trainer holds out a fixed ~20% of ORCAS-I by a hash of the qid; macro-F1 and
+  agreement@10 are measured on those queries (mean of the two runs of a seed).
+- The zero-shot trunk needs no training: one deterministic run, its intent classifier is the
+  nearest class centroid of the training ORCAS-I queries.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from training.evaluate.benchmark import DLBench, LabelledTexts, load_dl, load_mimics_clusters
+from training.evaluate.config import EvalConfig
+from training.evaluate.evaluator import Features, ModelEmbedder, ModelEval, ZeroShot, evaluate_model
+from training.evaluate.retrieval import simplex_grid
+
+log = logging.getLogger(__name__)
+
+TREC = "trec-dl-2019-2020-passage"
+
+
+@dataclass
+class Run:
+    """One model: a trained (method, seed, held-out year) or the zero-shot trunk per year."""
+
+    method: str
+    seed: int | None
+    heldout_year: str
+    result: ModelEval
+    log_path: Path | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+    layout: Any = None  # subspace.layout.SubspaceLayout of the model's embeddings
+
+
+@dataclass
+class Context:
+    """Everything the runs share: data, features, the intent split, the trunk."""
+
+    cfg: EvalConfig
+    data_dir: Path
+    work_dir: Path
+    bench: DLBench
+    orcas_texts: list[str]
+    orcas_labels: list[int]
+    intent_classes: list[str]
+    orcas_test: list[int]
+    mimics: LabelledTexts
+    trunk_path: str | None
+    features: Features | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def intent_config(cfg: EvalConfig) -> dict[str, Any]:
+    obj = next((o for o in cfg.training["objectives"] if o.get("data") == "intent"), None)
+    if obj is None:
+        raise ValueError("training.objectives needs an objective with data: intent for the intent metrics")
+    return dict(obj.get("data_params") or {})
+
+
+def prepare(cfg: EvalConfig, data_dir: Path, work_dir: Path) -> Context:
+    """Load the data (sliced first in quick mode), the ORCAS-I hold-out and, in quick mode, build
+    the tiny trunk."""
+    from training.data.objectives import DataContext, Split, build_objective
+    from training.data.orcas import load_orcas
+
+    work_dir.mkdir(parents=True, exist_ok=True)
+    if cfg.data_slice is not None:
+        from training.evaluate.slice import make_data_slice
+
+        data_dir = make_data_slice(data_dir, work_dir / "data", cfg.data_slice)
+    bench = load_dl(data_dir / TREC)
+    classes = intent_config(cfg).get("classes", "3")
+    orcas = load_orcas(data_dir, classes)
+    split = cfg.training.get("split", {})
+    ctx = DataContext(data_dir, Split(intent_heldout_fraction=split.get("intent_heldout_fraction", 0.2)))
+    held = set(build_objective("intent", ctx, classes=classes).heldout.texts)
+    orcas_test = [i for i, t in enumerate(orcas.texts) if t in held]
+    mimics = load_mimics_clusters(data_dir, cfg.clustering.mimics_parents)
+    trunk_path = None
+    if cfg.tiny_trunk:
+        from training.tiny import save_tiny_bert
+
+        trunk_path = str(save_tiny_bert(work_dir / "tiny-bert", bench.texts + orcas.texts, seed=0))
+    return Context(cfg, data_dir, work_dir, bench, list(orcas.texts), list(orcas.labels), list(orcas.classes),
+                   orcas_test, mimics, trunk_path)
+
+
+def _features(ctx: Context, trainer: Any) -> Features:
+    """Pooled features of everything evaluated, from the trainer's store (frozen trunk) and the
+    feature cache for the texts the trainer does not embed (all DL queries, MIMICS texts)."""
+    from training.features import pooled_features
+
+    store = trainer.store
+    if store is None:
+        raise ValueError("evaluation needs a frozen trunk (training.trunk.mode: frozen)")
+    qids = [q for y in ctx.bench.queries for q in ctx.bench.queries[y]]
+    qtexts = [ctx.bench.queries[y][q] for y in ctx.bench.queries for q in ctx.bench.queries[y]]
+    needed = qtexts + ctx.orcas_texts + ctx.bench.texts + ctx.mimics.texts
+    missing = sorted({t for t in needed if t not in store.row})
+    extra: dict[str, np.ndarray] = {}
+    if missing:
+        feats = pooled_features(trainer.model.trunk, missing, trainer.config.trunk.features_cache,
+                                batch_size=trainer.config.trunk.encode_batch_size, desc="eval-only texts")
+        extra = dict(zip(missing, feats, strict=True))
+
+    def get(texts: Sequence[str]) -> np.ndarray:
+        if not texts:
+            return np.zeros((0, trainer.model.trunk.hidden_size), dtype=np.float32)
+        known = [t for t in texts if t in store.row]
+        out = np.zeros((len(texts), trainer.model.trunk.hidden_size), dtype=np.float32)
+        if known:
+            vals = store(known).cpu().numpy()
+            lookup = dict(zip(known, vals, strict=True))
+        else:
+            lookup = {}
+        for i, t in enumerate(texts):
+            out[i] = lookup[t] if t in lookup else extra[t]
+        return out
+
+    q = get(qtexts)
+    return Features(corpus=get(ctx.bench.texts), queries=dict(zip(qids, q, strict=True)),
+                    orcas=get(ctx.orcas_texts), mimics=get(ctx.mimics.texts))
+
+
+def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str) -> Run:
+    """Train one run of ``method`` and evaluate it on its held-out year."""
+    from training.trainer import Trainer
+
+    cfg = ctx.cfg
+    d = cfg.training_dict(method, seed=seed, heldout_year=heldout_year)
+    d["data_dir"] = str(ctx.data_dir)
+    if not d.get("trunk", {}).get("features_cache"):
+        # Without a cache every run would re-encode the same texts: keep one in the work dir.
+        d.setdefault("trunk", {})["features_cache"] = str(ctx.work_dir / "features")
+    from training.config import TrainConfig
+
+    tc = TrainConfig(**d)
+    t0 = time.perf_counter()
+    trainer = Trainer(tc, trunk_path=ctx.trunk_path, progress=False)
+    run_dir = ctx.work_dir / "runs" / method / f"seed{seed}-heldout-{heldout_year}"
+    result = trainer.run(run_dir)
+    t1 = time.perf_counter()
+    if ctx.features is None:
+        ctx.features = _features(ctx, trainer)
+        ctx.timings["hidden_size"] = float(trainer.model.trunk.hidden_size)
+    layout = result.model.layout
+    esp = tc.architecture == "esp"
+    sweep = simplex_grid(list(layout.names), cfg.sweep_step) if esp else []
+    ev = evaluate_model(
+        ModelEmbedder(result.model), ctx.features, ctx.bench, eval_year=heldout_year,
+        orcas_labels=ctx.orcas_labels, orcas_test=ctx.orcas_test, sweep=sweep,
+        keep_embeddings=method == cfg.front_method, erank_rows=5000,
+    )
+    timings = {**result.timings, "train_total_s": t1 - t0, "eval_s": time.perf_counter() - t1}
+    log.info("%s seed %d held-out %s: NDCG@10 %.3f, entity P@10 %.3f (train %.1fs, eval %.1fs)",
+             method, seed, heldout_year, np.mean(list(ev.ndcg.values())), np.mean(list(ev.entity_p.values())),
+             timings["train_total_s"], timings["eval_s"])
+    return Run(method, seed, heldout_year, ev, result.log_path, timings, layout)
+
+
+def zero_shot_runs(ctx: Context, method: str) -> list[Run]:
+    """The untrained trunk, scored on each held-out year (needs the features of a first run)."""
+    if ctx.features is None:
+        raise RuntimeError("zero-shot evaluation needs the features loaded by a trained run first")
+    f = ctx.features
+    test = set(ctx.orcas_test)
+    train_rows = [i for i in range(len(ctx.orcas_texts)) if i not in test]
+    zs = ZeroShot(hidden=f.corpus.shape[1]).fit_centroids(
+        f.orcas[train_rows], [ctx.orcas_labels[i] for i in train_rows], len(ctx.intent_classes))
+    runs = []
+    for year in ctx.cfg.heldout_years:
+        t0 = time.perf_counter()
+        ev = evaluate_model(zs, f, ctx.bench, eval_year=year, orcas_labels=ctx.orcas_labels,
+                            orcas_test=ctx.orcas_test, keep_embeddings=True, erank_rows=5000)
+        runs.append(Run(method, None, year, ev, None, {"eval_s": time.perf_counter() - t0}, zs.layout))
+    return runs
+
+
+def run_all(ctx: Context, progress: Any = None) -> list[Run]:
+    """Every trained method x seed x held-out year, then the zero-shot runs."""
+    cfg = ctx.cfg
+    runs: list[Run] = []
+    trained = [m for m, s in cfg.methods.items() if not s.zero_shot]
+    # The front method first: its first run loads the shared features.
+    trained.sort(key=lambda m: m != cfg.front_method)
+    for method in trained:
+        for seed in cfg.seeds:
+            for year in cfg.heldout_years:
+                runs.append(train_and_evaluate(ctx, method, seed, year))
+                if progress is not None:
+                    progress(runs[-1])
+    for method, spec in cfg.methods.items():
+        if spec.zero_shot:
+            runs.extend(zero_shot_runs(ctx, method))
+    return runs
