@@ -118,3 +118,56 @@ def test_several_errors_are_summarised_in_one_body() -> None:
         "message": "k: Input should be a valid integer; also: queries is required",
         "field": "k",
     }
+
+
+def _bundle(path: Path, dims: dict[str, int], seed: int) -> Path:
+    layout = SubspaceLayout.from_dims(dims)
+    emb = normalize_blocks(
+        np.random.default_rng(seed).standard_normal((30, layout.dim)).astype(np.float32), layout
+    )
+    return write_bundle(path, layout, emb, [f"d{i}" for i in range(30)])
+
+
+def test_reload_refuses_a_bundle_the_registry_does_not_fit(tmp_path: Path) -> None:
+    first = _bundle(tmp_path / "a", {"semantic": 8, "entity": 4}, seed=0)
+    other_layout = _bundle(tmp_path / "b", {"semantic": 8, "topic": 4}, seed=1)
+    registry = tmp_path / "registry.json"
+    registry.write_text('{"operating_points": {"ent": {"weights": {"semantic": 0.2, "entity": 1.0}}}}')
+    settings = Settings(bundle=first, registry=registry, backend="numpy", admin_token="t0ken")
+    auth = {"Authorization": "Bearer t0ken"}
+    with TestClient(create_app(settings)) as c:
+        deadline = time.monotonic() + 30
+        while c.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        version = c.get("/readyz").json()["bundle_version"]
+        r = c.post("/v1/admin/reload", json={"path": str(other_layout)}, headers=auth)
+        assert r.status_code == 409
+        assert r.json()["type"] == "reload_failed"
+        assert "entity" in r.json()["message"]  # the registry names a subspace the new bundle lacks
+        assert c.get("/readyz").json()["bundle_version"] == version
+        ok = c.post("/v1/search", json={"queries": [{"vector": [1.0] * 12}], "operating_point": "ent"})
+        assert ok.status_code == 200
+        assert ok.json()["weights_used"] == {"semantic": 0.2, "entity": 1.0}
+
+
+def test_reload_to_a_new_layout_revalidates_requests_against_it(tmp_path: Path) -> None:
+    first = _bundle(tmp_path / "a", {"semantic": 8, "entity": 4}, seed=0)
+    second = _bundle(tmp_path / "b", {"semantic": 6, "topic": 2}, seed=1)
+    with TestClient(create_app(Settings(bundle=first, backend="numpy", admin_token="t0ken"))) as c:
+        deadline = time.monotonic() + 30
+        while c.get("/readyz").status_code != 200:
+            assert time.monotonic() < deadline
+            time.sleep(0.02)
+        r = c.post("/v1/admin/reload", json={"path": str(second)}, headers={"Authorization": "Bearer t0ken"})
+        assert r.status_code == 200, r.text
+        assert [s["name"] for s in c.get("/v1/layout").json()["subspaces"]] == ["semantic", "topic"]
+        bad = c.post("/v1/search", json={"queries": [{"vector": [1.0] * 12}]})
+        assert bad.status_code == 422 and "D=8" in bad.json()["message"]
+        good = c.post("/v1/search", json={"queries": [{"vector": [1.0] * 8}], "weights": {"topic": 2.0}})
+        assert good.status_code == 200
+        assert good.json()["weights_used"] == {"semantic": 1.0, "topic": 2.0}
+        info = [line for line in c.get("/metrics").text.splitlines() if line.startswith("esp_bundle_info{")]
+        assert info == [
+            f'esp_bundle_info{{backend="numpy",dtype="float32",version="{r.json()["bundle_version"]}"}} 1.0'
+        ]
