@@ -105,3 +105,89 @@ def tiny_bundle_factory(tiny_bundle: Path, tmp_path: Path) -> Callable[[str], Pa
         return dest
 
     return make
+
+
+@pytest.fixture(scope="session")
+def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A miniature copy of data/ in the same formats: 4 DL19 + 4 DL20 queries, up to 14 judged
+    passages each (the corpus), their qrels, DL-Hard files, 150 ORCAS-I rows, 60 MIMICS rows."""
+    import gzip
+    import json
+
+    from training.data import DEFAULT_DATA_DIR
+    from training.data.trec import TREC_DIR, iter_corpus, read_qrels, read_queries
+
+    src = DEFAULT_DATA_DIR
+    root = tmp_path_factory.mktemp("tiny-data")
+    trec_src, trec = src / TREC_DIR, root / TREC_DIR
+    (trec / "dl-hard").mkdir(parents=True)
+    wanted: dict[str, dict[str, int]] = {}
+    for year in ("dl19", "dl20"):
+        queries = dict(list(read_queries(trec_src / f"queries.{year}.tsv").items())[:4])
+        qrels = read_qrels(trec_src / f"qrels.{year}-passage.txt")
+        (trec / f"queries.{year}.tsv").write_text("".join(f"{q}\t{t}\n" for q, t in queries.items()), "utf-8")
+        lines = []
+        for qid in queries:
+            for pid, grade in sorted(qrels.get(qid, {}).items(), key=lambda kv: (-kv[1], kv[0]))[:40]:
+                lines.append(f"{qid} Q0 {pid} {grade}\n")
+                wanted.setdefault(qid, {})[pid] = grade
+        (trec / f"qrels.{year}-passage.txt").write_text("".join(lines), "utf-8")
+    pool = {pid for rels in wanted.values() for pid in rels}
+    rows, per_query = [], dict.fromkeys(wanted, 0)
+    for pid, text in iter_corpus():
+        owner = next((q for q, rels in wanted.items() if pid in rels), None)
+        if owner is not None and per_query[owner] < 14 and pid in pool:
+            per_query[owner] += 1
+            rows.append(f"{pid}\t{text}\n")
+    with gzip.open(trec / "corpus.tsv.gz", "wt", encoding="utf-8") as fh:
+        fh.writelines(rows)
+    for name in ("folds.json", "annotations.tsv"):
+        shutil.copy(trec_src / "dl-hard" / name, trec / "dl-hard" / name)
+    gold = json.loads((trec_src / "dl-hard" / "gold-entity-judgements.json").read_text("utf-8"))
+    small = {y: {q: v for q, v in qs.items() if q in wanted} for y, qs in gold.items()}
+    (trec / "dl-hard" / "gold-entity-judgements.json").write_text(json.dumps(small), "utf-8")
+    for sub, name, n in (
+        ("orcas-i-gold", "orcas_i_gold.tsv", 151),
+        ("mimics-manual", "MIMICS-Manual.tsv", 61),
+    ):
+        (root / sub).mkdir()
+        with (src / sub / name).open(encoding="utf-8") as fh:
+            head = [line for _, line in zip(range(n), fh, strict=False)]
+        (root / sub / name).write_text("".join(head), "utf-8")
+    return root
+
+
+def tiny_train_config(data_dir: Path, bert_dir: Path, **overrides):
+    """A TrainConfig for second-scale runs on ``tiny_data_dir`` with the tiny BERT."""
+    from training.config import TrainConfig
+
+    base = {
+        "data_dir": str(data_dir),
+        "trunk": {"path": str(bert_dir), "mode": "frozen", "max_length": 48, "features_cache": None},
+        "adapter_hidden": 16,
+        "objectives": [
+            {"name": "semantic", "dim": 16, "data": "semantic", "loss": "info_nce", "batch_size": 16},
+            {
+                "name": "entity",
+                "dim": 8,
+                "data": "entity",
+                "data_params": {"max_df": 1000},
+                "loss": "info_nce",
+                "batch_size": 8,
+            },
+            {
+                "name": "intent",
+                "dim": 8,
+                "data": "intent",
+                "loss": "cross_entropy",
+                "loss_params": {"class_weights": "balanced"},
+                "batch_size": 16,
+            },
+        ],
+        "optim": {"steps": 30, "lr": 0.01, "warmup_steps": 0},
+        "weighting": {"name": "dwa", "params": {"window": 5}},
+        "eval": {"every": 0},
+        "export": {"enabled": False},
+    }
+    base.update(overrides)
+    return TrainConfig(**base)

@@ -61,11 +61,15 @@ def pooled_features(
         key = hashlib.sha256(f"{fp}|{texts_digest(texts)}".encode()).hexdigest()[:32]
         path = Path(cache_dir) / f"{key}.npy"
         if path.is_file():
-            feats = np.load(path, allow_pickle=False)
-            if feats.shape == (len(texts), trunk.hidden_size):
-                log.info("%s: %d texts from cache %s", desc, len(texts), path.name)
-                return feats
-            log.warning("%s: cache entry %s has shape %s, recomputing", desc, path.name, feats.shape)
+            try:
+                feats = np.load(path, allow_pickle=False)
+            except (ValueError, OSError, EOFError) as exc:
+                log.warning("%s: cache entry %s is unreadable (%s), recomputing", desc, path.name, exc)
+            else:
+                if feats.shape == (len(texts), trunk.hidden_size):
+                    log.info("%s: %d texts from cache %s", desc, len(texts), path.name)
+                    return feats
+                log.warning("%s: cache entry %s has shape %s, recomputing", desc, path.name, feats.shape)
     from tqdm.auto import tqdm
 
     with tqdm(total=len(texts), desc=desc, unit="text", mininterval=2.0) as bar:

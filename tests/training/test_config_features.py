@@ -1,0 +1,70 @@
+"""Config from YAML + env overrides with clear errors; the frozen-feature cache."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from pydantic import ValidationError
+
+from training.config import load_config
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def test_demo_config_loads_and_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    assert [o.name for o in cfg.objectives] == ["semantic", "entity", "intent"]
+    assert (cfg.trunk.mode, cfg.weighting.name, cfg.surgery.name) == ("frozen", "dwa", "pcgrad")
+    assert cfg.split.heldout_year == "dl20"
+    monkeypatch.setenv("ESP_TRAIN_OPTIM__STEPS", "7")
+    monkeypatch.setenv("ESP_TRAIN_TRUNK__MODE", "top:2")
+    cfg = load_config(REPO / "configs" / "demo.yaml")
+    assert cfg.optim.steps == 7 and cfg.trunk.mode == "top:2" and cfg.optim.lr == 0.001
+
+
+@pytest.mark.parametrize(
+    ("yaml_text", "message"),
+    [
+        ("objectives: []\nbogus: 1\n", "bogus"),
+        (
+            "objectives:\n - {name: a, dim: 4, data: semantic, loss: hinge}\n",
+            "allowed: ['bce', 'cross_entropy'",
+        ),
+        ("objectives:\n - {name: a, dim: 4, data: semantic, loss: mse}\ntrunk: {mode: top:x}\n", "top:N"),
+        (
+            "objectives:\n - {name: a, dim: 4, data: semantic, loss: mse}\nsurgery: {name: cagrad}\n",
+            "allowed: ['pcgrad', 'sum']",
+        ),
+    ],
+)
+def test_bad_config_names_the_field(tmp_path: Path, yaml_text: str, message: str) -> None:
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml_text, "utf-8")
+    with pytest.raises((ValidationError, ValueError)) as err:
+        load_config(path)
+    assert message in str(err.value)
+
+
+def test_feature_cache_hit_miss_and_atomic(tiny_bert_dir: Path, tmp_path: Path) -> None:
+    from training.features import pooled_features
+    from training.model import Trunk, TrunkMode
+
+    trunk = Trunk.from_pretrained(tiny_bert_dir, max_length=32, mode=TrunkMode.parse("frozen"))
+    texts = ["cost of concrete", "flea life cycle", "the"]
+    a = pooled_features(trunk, texts, tmp_path)
+    files = sorted(p.name for p in tmp_path.iterdir())
+    assert len(files) == 1 and files[0].endswith(".npy")  # no temporary file left behind
+    np.testing.assert_array_equal(np.load(tmp_path / files[0]), a)
+    np.save(tmp_path / files[0], np.zeros_like(a))  # a hit reads the cache instead of recomputing
+    np.testing.assert_array_equal(pooled_features(trunk, texts, tmp_path), 0.0)
+    (tmp_path / files[0]).write_bytes(b"")  # a corrupt entry is recomputed and rewritten
+    np.testing.assert_allclose(pooled_features(trunk, texts, tmp_path), a, atol=1e-6)
+    np.testing.assert_allclose(np.load(tmp_path / files[0]), a, atol=1e-6)
+    b = pooled_features(trunk, [*texts, "new"], tmp_path)  # different texts -> different key
+    np.testing.assert_allclose(b[:3], a, atol=1e-6)
+    assert len(list(tmp_path.iterdir())) == 2
+    trunk.max_length = 2  # another tokenisation -> another key
+    pooled_features(trunk, texts, tmp_path)
+    assert len(list(tmp_path.iterdir())) == 3

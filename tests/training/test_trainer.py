@@ -1,0 +1,132 @@
+"""Tiny-BERT training runs on the miniature data: losses fall, logs are complete, heads untouched."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.conftest import tiny_train_config
+
+
+def _mean_loss(history, name, sl):
+    return float(np.mean([r["tasks"][name]["loss"] for r in history[sl]]))
+
+
+@pytest.fixture(scope="module")
+def frozen_run(tiny_data_dir: Path, tiny_bert_dir: Path, tmp_path_factory: pytest.TempPathFactory):
+    from training.trainer import train
+
+    cfg = tiny_train_config(
+        tiny_data_dir,
+        tiny_bert_dir,
+        optim={"steps": 60, "lr": 0.01, "warmup_steps": 0},
+        export={"enabled": True, "corpus": "trec"},
+    )
+    out = tmp_path_factory.mktemp("run")
+    return train(cfg, out, progress=False), out
+
+
+def test_tiny_training_lowers_every_loss(frozen_run) -> None:
+    result, _ = frozen_run
+    for name in ("semantic", "entity", "intent"):
+        first, last = (
+            _mean_loss(result.history, name, slice(0, 10)),
+            _mean_loss(result.history, name, slice(-10, None)),
+        )
+        assert last < first, (name, first, last)
+
+
+def test_step_log_has_losses_lambdas_norms_and_pairs(frozen_run) -> None:
+    result, out = frozen_run
+    lines = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+    steps = [r for r in lines if "tasks" in r]
+    assert len(steps) == 60
+    rec = steps[-1]
+    assert set(rec["tasks"]) == {"semantic", "entity", "intent"}
+    assert all({"loss", "lambda", "grad_norm"} <= set(v) for v in rec["tasks"].values())
+    assert [p["tasks"] for p in rec["pairs"]] == [
+        ["semantic", "entity"],
+        ["semantic", "intent"],
+        ["entity", "intent"],
+    ]
+    assert all(-1.0001 <= p["cosine"] <= 1.0001 and isinstance(p["projected"], bool) for p in rec["pairs"])
+    # DWA (window 5): uniform for the first two windows, then sums to K
+    assert all(v["lambda"] == 1.0 for r in steps[:10] for v in r["tasks"].values())
+    assert sum(v["lambda"] for v in steps[-1]["tasks"].values()) == pytest.approx(3.0, abs=1e-4)
+    assert "heldout" in lines[-1]
+
+
+def test_metrics_and_bundle(frozen_run) -> None:
+    from subspace.bundle import read_bundle
+
+    result, out = frozen_run
+    assert set(result.metrics["start"]) == {"semantic", "entity", "intent"}
+    assert result.metrics["final"]["semantic"]["n"] == 4  # the DL20 queries, held out
+    b = read_bundle(result.bundle_path)
+    assert b.manifest["training"]["config"]["architecture"] == "esp"
+    assert set(b.manifest["training"]["data_hashes"]) == {
+        "corpus",
+        "semantic.train",
+        "entity.train",
+        "intent.train",
+    }
+    assert len(b.ids) == len(b.docs())
+
+
+def test_heldout_queries_never_trained_on(tiny_data_dir: Path) -> None:
+    from training.data.objectives import DataContext, Split, build_objective
+    from training.data.trec import read_queries
+
+    ctx = DataContext(tiny_data_dir, Split(by="year", heldout_year="dl20"))
+    dl20 = set(read_queries(tiny_data_dir / "trec-dl-2019-2020-passage" / "queries.dl20.tsv").values())
+    for kind in ("semantic", "entity"):
+        data = build_objective(kind, ctx)
+        assert not dl20 & set(data.train.anchors), kind
+        assert set(data.heldout.queries.values()) <= dl20 | {
+            q.text
+            for q in __import__("training.data.dlhard", fromlist=["x"]).load_entity_queries(tiny_data_dir)
+            if q.year == "dl20"
+        }
+    intent = build_objective("intent", ctx)
+    assert not set(intent.train.texts) & set(intent.heldout.texts)
+
+
+def test_heads_get_their_own_gradients_untouched(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
+    """After surgery the shared grads change, but each head's grad is exactly grad(lambda_k * L_k)."""
+    from training.trainer import Trainer
+
+    cfg = tiny_train_config(
+        tiny_data_dir,
+        tiny_bert_dir,
+        surgery={"name": "pcgrad", "params": {"seed": 0}},
+        weighting={"name": "static", "params": {"weights": {"semantic": 2.0, "entity": 0.5}}},
+        optim={"steps": 1, "grad_clip": None},
+    )
+    tr = Trainer(cfg, progress=False)
+    model = tr.model
+    opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves the weights as they are
+    state = [t.batches for t in tr.tasks]
+    import copy
+    import itertools
+
+    expected = {}
+    lambdas = tr.weighting.weights()
+    peeked = []
+    for k, t in enumerate(tr.tasks):
+        first = next(state[k])
+        peeked.append(first)
+        t.batches = itertools.chain([first], state[k])
+        t_copy = copy.copy(t)
+        t_copy.batches = iter([first])
+        t_copy.rng = copy.deepcopy(t.rng)
+        loss = t.loss(t_copy.output(model, tr.pooled))
+        own = model.task_parameters(t.name)
+        expected[t.name] = torch.autograd.grad(float(lambdas[k]) * loss, own)
+    tr.step(1, opt)
+    for t in tr.tasks:
+        for p, g in zip(model.task_parameters(t.name), expected[t.name], strict=True):
+            torch.testing.assert_close(p.grad, g)
