@@ -135,6 +135,16 @@ async def load_level(
     }
 
 
+def batch_totals(url: str) -> tuple[float, float]:
+    """``(queries, engine calls)`` so far, from the server's esp_batch_size histogram."""
+    values = {"esp_batch_size_sum": 0.0, "esp_batch_size_count": 0.0}
+    for line in httpx.get(f"{url}/metrics", timeout=30).text.splitlines():
+        name, _, value = line.partition(" ")
+        if name in values:
+            values[name] = float(value)
+    return values["esp_batch_size_sum"], values["esp_batch_size_count"]
+
+
 def engine_qps(bundle: Path, args: argparse.Namespace, queries: np.ndarray, batch: int) -> float:
     b = read_bundle(bundle, verify_checksums=False)
     engine = create_engine(args.backend, b.embeddings, b.layout, threads=args.threads)
@@ -178,6 +188,7 @@ def main() -> int:
             proc, url = start_server(bundle, args, mode == "batching", Path(tmp) / f"{mode}.log")
             try:
                 for c in levels:
+                    before = batch_totals(url)
                     r = asyncio.run(
                         load_level(
                             url,
@@ -188,7 +199,14 @@ def main() -> int:
                             k=args.k,
                         )
                     )
-                    r.update(mode=mode, engine_qps_at_batch=raw[c], ratio=round(r["qps"] / raw[c], 3))
+                    after = batch_totals(url)
+                    calls = after[1] - before[1]
+                    r.update(
+                        mode=mode,
+                        mean_batch=round((after[0] - before[0]) / calls, 2) if calls else None,
+                        engine_qps_at_batch=raw[c],
+                        ratio=round(r["qps"] / raw[c], 3),
+                    )
                     results.append(r)
             finally:
                 proc.terminate()
