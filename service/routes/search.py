@@ -157,10 +157,11 @@ async def search(
         unit_id=body.unit_id,
     )
     queries = prepare_queries(body.queries, state)
+    hits = await batcher.submit(state, queries, resolved.block_weights, body.k)
+    # Counted once served (not when refused with 429); experiment counts are exposures only.
     _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
     if resolved.experiment is not None and resolved.arm is not None and not resolved.excluded:
         metrics.experiment_requests.labels(experiment=resolved.experiment, arm=resolved.arm).inc(len(queries))
-    hits = await batcher.submit(state, queries, resolved.block_weights, body.k)
     if sum(len(h.rows) for h in hits) > _BUILD_INLINE_MAX_HITS:
         results = await asyncio.to_thread(build_results, state, hits)
     else:
