@@ -87,10 +87,21 @@ def read_gold_entities(path: Path) -> dict[str, tuple[str, ...]]:
     return out
 
 
-def load_dl(root: Path, queries_per_year: int | None = None, pool_per_query: int | None = None) -> DLBench:
-    """Read the TREC DL folder. With ``queries_per_year`` (quick mode) only the first queries of
-    each year that have gold entities are kept, and the corpus shrinks to their pools (the
-    first ``pool_per_query`` candidates of each) plus their judged passages in the pool."""
+def load_dl(
+    root: Path,
+    queries_per_year: int | None = None,
+    pool_per_query: int | None = None,
+    corpus: str = "pool",
+) -> DLBench:
+    """Read the TREC DL folder, all of it by default.
+
+    With ``queries_per_year`` only the first queries of each year that have gold entities are
+    kept. ``corpus="pool"`` keeps their pool candidates (the first ``pool_per_query`` of each,
+    plus every relevant one); ``corpus="judged"`` keeps only their judged passages in the pool
+    (a condensed-list corpus). Without either the corpus is the whole file.
+    """
+    if corpus not in ("pool", "judged"):
+        raise ValueError(f"corpus must be 'pool' or 'judged', got {corpus!r}")
     root = Path(root)
     queries = {y: _read_queries(root / f"queries.{y}.tsv") for y in YEARS}
     qrels = {y: _read_qrels(root / f"qrels.{y}-passage.txt") for y in YEARS}
@@ -106,12 +117,16 @@ def load_dl(root: Path, queries_per_year: int | None = None, pool_per_query: int
         for y in YEARS:
             chosen = [q for q in queries[y] if entities.get(q)][:queries_per_year]
             queries[y] = {q: queries[y][q] for q in chosen}
+    if queries_per_year is not None or pool_per_query is not None or corpus == "judged":
         keep = set()
         for y in YEARS:
             for q in queries[y]:
-                cands = pool[q][:pool_per_query] if pool_per_query else pool[q]
-                keep.update(cands)
-                keep.update(p for p in pool[q] if qrels[y][q].get(p, 0) > 0)
+                judged = qrels[y].get(q, {})
+                if corpus == "judged":
+                    keep.update(p for p in pool[q] if p in judged)
+                    continue
+                keep.update(pool[q][:pool_per_query] if pool_per_query else pool[q])
+                keep.update(p for p in pool[q] if judged.get(p, 0) > 0)
     pids, texts = [], []
     with gzip.open(root / "corpus.tsv.gz", "rt", encoding="utf-8") as f:
         for line in f:

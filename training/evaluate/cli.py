@@ -54,7 +54,13 @@ def run(args: argparse.Namespace) -> int:
             done[0] += 1
             log.info("run %d/%d done (%.1f min elapsed)", done[0], n_runs, (time.perf_counter() - t0) / 60)
 
-        runs = run_all(ctx, progress)
+        def partial(seed: int, runs: list) -> None:
+            # A report after every seed but the last: if the run is stopped, what is done is kept.
+            if seed != cfg.seeds[-1]:
+                build_report(ctx, runs, out, elapsed_s=time.perf_counter() - t0, quick=args.quick)
+                log.info("partial report after seed %d written to %s", seed, out / "esp-bench.md")
+
+        runs = run_all(ctx, progress, partial)
         results = build_report(ctx, runs, out, elapsed_s=time.perf_counter() - t0, quick=args.quick)
     if args.bundle:
         write_operating_points(args.bundle, results["operating_points"])

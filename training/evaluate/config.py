@@ -41,12 +41,17 @@ class ClusteringConfig(_Strict):
 
 
 class DataSlice(_Strict):
-    """Quick mode: a small copy of the shipped data (see :mod:`training.evaluate.slice`)."""
+    """A consistent copy of part of the shipped data (see :mod:`training.evaluate.slice`).
 
-    queries_per_year: int = Field(default=4, ge=1)
-    pool_per_query: int = Field(default=30, ge=1)
-    orcas_per_class: int = Field(default=12, ge=2)
-    mimics_parents: int = Field(default=12, ge=2)
+    ``null`` keeps everything of that kind; ``corpus: judged`` keeps only the judged passages of
+    the kept queries (a condensed-list corpus), ``pool`` their pool candidates.
+    """
+
+    queries_per_year: int | None = Field(default=4, ge=1)
+    pool_per_query: int | None = Field(default=30, ge=1)
+    corpus: Literal["pool", "judged"] = "pool"
+    orcas_per_class: int | None = Field(default=12, ge=2)
+    mimics_parents: int | None = Field(default=12, ge=2)
 
 
 class EvalConfig(_Strict):

@@ -190,20 +190,27 @@ def zero_shot_runs(ctx: Context, method: str) -> list[Run]:
     return runs
 
 
-def run_all(ctx: Context, progress: Any = None) -> list[Run]:
-    """Every trained method x seed x held-out year, then the zero-shot runs."""
+def run_all(ctx: Context, progress: Any = None, on_seed: Any = None) -> list[Run]:
+    """Every trained method x seed x held-out year, seed by seed (so a partial report can be
+    written after each seed), the zero-shot runs right after the first trained run.
+
+    ``progress(run)`` is called after every run, ``on_seed(seed, runs_so_far)`` after each seed.
+    """
     cfg = ctx.cfg
     runs: list[Run] = []
     trained = [m for m, s in cfg.methods.items() if not s.zero_shot]
     # The front method first: its first run loads the shared features.
     trained.sort(key=lambda m: m != cfg.front_method)
-    for method in trained:
-        for seed in cfg.seeds:
+    for seed in cfg.seeds:
+        for method in trained:
             for year in cfg.heldout_years:
                 runs.append(train_and_evaluate(ctx, method, seed, year))
                 if progress is not None:
                     progress(runs[-1])
-    for method, spec in cfg.methods.items():
-        if spec.zero_shot:
-            runs.extend(zero_shot_runs(ctx, method))
+                if len(runs) == 1:
+                    for zs, spec in cfg.methods.items():
+                        if spec.zero_shot:
+                            runs.extend(zero_shot_runs(ctx, zs))
+        if on_seed is not None:
+            on_seed(seed, list(runs))
     return runs

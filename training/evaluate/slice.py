@@ -1,9 +1,10 @@
-"""A small, consistent copy of the shipped data folder for ``esp eval --quick``.
+"""A consistent copy of part of the shipped data folder (``esp eval --quick``, condensed corpora).
 
 The trainer and the benchmark both read a data folder, so slicing the files (rather than the
 loaded objects) keeps them in agreement: the same queries, passages, labels and entities.
-Kept: the first ``queries_per_year`` queries of each year that have gold entities, their
-first ``pool_per_query`` pool candidates plus every judged passage of theirs in the pool,
+Kept: the first ``queries_per_year`` queries of each year that have gold entities (all when
+null), their first ``pool_per_query`` pool candidates plus every relevant passage of theirs in
+the pool (``corpus: judged``: only their judged passages in the pool),
 ``orcas_per_class`` ORCAS-I queries per label, and the rows of the first ``mimics_parents``
 MIMICS queries.
 """
@@ -26,7 +27,8 @@ TREC = "trec-dl-2019-2020-passage"
 def make_data_slice(src: Path, dst: Path, spec: DataSlice) -> Path:
     """Write the slice under ``dst`` (created) and return it."""
     src, dst = Path(src), Path(dst)
-    bench = load_dl(src / TREC, queries_per_year=spec.queries_per_year, pool_per_query=spec.pool_per_query)
+    bench = load_dl(src / TREC, queries_per_year=spec.queries_per_year, pool_per_query=spec.pool_per_query,
+                    corpus=spec.corpus)
     t_src, t_dst = src / TREC, dst / TREC
     (t_dst / "dl-hard").mkdir(parents=True, exist_ok=True)
     keep_q = {q for y in YEARS for q in bench.queries[y]}
@@ -62,7 +64,7 @@ def make_data_slice(src: Path, dst: Path, spec: DataSlice) -> Path:
     kept = []
     for r in rows:
         label = r.split("\t")[-1].strip()
-        if per[label] < spec.orcas_per_class:
+        if spec.orcas_per_class is None or per[label] < spec.orcas_per_class:
             per[label] += 1
             kept.append(r)
     (o_dst / "orcas_i_gold.tsv").write_text(header + "\n".join(kept) + "\n", encoding="utf-8")
@@ -76,7 +78,7 @@ def make_data_slice(src: Path, dst: Path, spec: DataSlice) -> Path:
         out_rows = []
         for row in reader:
             if row[0] not in parents:
-                if len(parents) >= spec.mimics_parents:
+                if spec.mimics_parents is not None and len(parents) >= spec.mimics_parents:
                     continue
                 parents.append(row[0])
             out_rows.append(row)
