@@ -79,8 +79,8 @@ class NumpyBackend(ChunkedBackend):
 
     def _chunk_scores(self, prepared: np.ndarray, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         rows = self._rows(start, stop)
-        if prepared.shape[0] == 1:  # a matrix-vector product: memory-bound, sgemv
-            np.matmul(rows, prepared[0], out=out[0])
+        if prepared.shape[0] == 1:  # memory-bound: numpy's row-dot loop streams faster than sgemv here
+            np.vecdot(rows, prepared[0], out=out[0])
         else:
             np.matmul(prepared, rows.T, out=out)
         return out

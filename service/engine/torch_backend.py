@@ -94,7 +94,7 @@ class TorchBackend(ChunkedBackend):
             widened.copy_(block)
             rows, q = widened.numpy(), q32.numpy()
             if len(q) == 1:
-                np.matmul(rows, q[0], out=out[0])
+                np.vecdot(rows, q[0], out=out[0])
             else:
                 np.matmul(q, rows.T, out=out)
         return out
