@@ -204,7 +204,7 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     if clustering["rows"]:
         _clustering_plot(out / "clustering.png", clustering)
 
-    results = {
+    results: dict[str, Any] = {
         "protocol": protocol(ctx),
         "elapsed_s": elapsed_s,
         "methods": {m: {"label": label[m], "seeds": pm["seeds"], "per_seed": {str(s): pm["per_seed"][s]
