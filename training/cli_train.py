@@ -42,6 +42,10 @@ def run(args: argparse.Namespace) -> int:
         print(f"esp train: invalid config {args.config}: {exc}", file=sys.stderr)
         return 2
     result = train(cfg, args.out, progress=not args.no_progress)
+    if result.bundle_path is not None:  # named operating points measured on the held-out year
+        from training.evaluate.operating_points import attach_operating_points
+
+        attach_operating_points(result.bundle_path, result.model, cfg)
     summary = {
         "out": args.out,
         "bundle": str(result.bundle_path) if result.bundle_path else None,

@@ -115,3 +115,54 @@ def write_operating_points(bundle_path: str | Path, points: Mapping[str, Mapping
         sections=sections,
         overwrite=True,
     )
+
+
+def attach_operating_points(
+    bundle_path: str | Path,
+    model: Any,
+    config: Any,
+    *,
+    step: float = 0.1,
+) -> dict[str, dict[str, Any]]:
+    """Sweep a freshly exported ESP bundle over serving weights on the training run's held-out
+    TREC DL year and write the named operating points into it (``esp train`` calls this).
+
+    ``model``: the trained :class:`training.model.ESPModel` (its ``encode`` embeds the queries);
+    ``config``: its :class:`training.config.TrainConfig`. Returns ``{}`` and leaves the bundle as
+    it is when the points cannot be measured honestly: a single-head layout, a corpus that is
+    not the TREC DL passage pool, or a split other than a held-out year.
+    """
+    import logging
+
+    from subspace.scoring import normalize_blocks
+    from training.evaluate.benchmark import load_dl
+    from training.evaluate.retrieval import score_dl, simplex_grid
+
+    log = logging.getLogger(__name__)
+    path = Path(bundle_path)
+    bundle = read_bundle(path, mmap=False)
+    layout = bundle.layout
+    if len(layout) < 2 or config.split.by != "year":
+        log.info("operating points: skipped (needs an ESP layout and a held-out year split)")
+        return {}
+    from training.data import DEFAULT_DATA_DIR
+
+    data_dir = Path(config.data_dir) if config.data_dir else DEFAULT_DATA_DIR
+    bench = load_dl(data_dir / "trec-dl-2019-2020-passage")
+    row_of = {pid: i for i, pid in enumerate(bundle.ids)}
+    if set(row_of) != set(bench.pids):
+        log.info("operating points: skipped (the bundle corpus is not the TREC DL passage pool)")
+        return {}
+    corpus = np.asarray(bundle.embeddings)[[row_of[p] for p in bench.pids]]
+    year = config.split.heldout_year
+    qids = list(bench.queries[year])
+    q = normalize_blocks(np.asarray(model.encode([bench.queries[year][x] for x in qids]), np.float32), layout)
+    queries = dict(zip(qids, q.astype(corpus.dtype), strict=True))
+    curve = []
+    for w in simplex_grid(list(layout.names), step):
+        s = score_dl(bench, corpus, queries, layout, weights=w, year=year)
+        curve.append({"weights": w, "metrics": {SEMANTIC_METRIC: s.ndcg, ENTITY_METRIC: s.entity_p}})
+    points = compute_operating_points(
+        curve, layout, context=f"held-out {year} queries of this training run, weight grid step {step}")
+    write_operating_points(path, points)
+    return points

@@ -1,0 +1,65 @@
+"""attach_operating_points: an exported ESP bundle gets points measured on its held-out year."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from subspace.bundle import read_bundle
+from training.config import TrainConfig
+from training.evaluate.config import DataSlice
+from training.evaluate.operating_points import attach_operating_points
+from training.evaluate.slice import make_data_slice
+
+pytestmark = pytest.mark.slow
+
+DATA = Path(__file__).resolve().parents[2] / "data"
+
+
+@pytest.fixture(scope="module")
+def sliced(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    spec = DataSlice(queries_per_year=3, pool_per_query=10, orcas_per_class=4, mimics_parents=3)
+    return make_data_slice(DATA, tmp_path_factory.mktemp("slice"), spec)
+
+
+def _export(tmp: Path, data_dir: Path, architecture: str) -> tuple[Path, object, TrainConfig]:
+    from training.evaluate.benchmark import load_dl
+    from training.export import export_bundle
+    from training.model import ESPModel, Trunk, TrunkMode
+    from training.tiny import save_tiny_bert
+
+    bench = load_dl(data_dir / "trec-dl-2019-2020-passage")
+    tiny = save_tiny_bert(tmp / f"tiny-{architecture}", bench.texts)
+    trunk = Trunk.from_pretrained(tiny, max_length=32, mode=TrunkMode.parse("frozen"))
+    model = ESPModel(trunk, {"semantic": 8, "entity": 4, "intent": 4}, architecture=architecture)
+    cfg = TrainConfig(
+        data_dir=str(data_dir),
+        objectives=[{"name": "semantic", "dim": 8, "data": "semantic", "loss": "info_nce"},
+                    {"name": "entity", "dim": 4, "data": "entity", "loss": "info_nce"},
+                    {"name": "intent", "dim": 4, "data": "intent", "loss": "cross_entropy"}],
+        split={"by": "year", "heldout_year": "dl20"},
+    )
+    path = export_bundle(tmp / f"bundle-{architecture}", model, bench.pids, bench.texts, training={"k": "v"})
+    return path, model, cfg
+
+
+def test_points_written_for_an_esp_bundle(sliced: Path, tmp_path: Path) -> None:
+    path, model, cfg = _export(tmp_path, sliced, "esp")
+    points = attach_operating_points(path, model, cfg, step=0.5)
+    b = read_bundle(path)  # checksums still valid after the rewrite
+    assert set(points) == {"semantic_first", "balanced", "entity_first"}
+    assert b.operating_points == points
+    assert b.manifest["training"]["config"] == {"k": "v"}
+    for p in points.values():
+        assert set(p["weights"]) == {"semantic", "entity", "intent"}
+        assert 0.0 <= p["metrics"]["ndcg@10"] <= 1.0 and 0.0 <= p["metrics"]["entity_p@10"] <= 1.0
+        assert "held-out dl20" in p["description"]
+    assert points["semantic_first"]["metrics"]["ndcg@10"] >= points["entity_first"]["metrics"]["ndcg@10"]
+
+
+def test_single_head_bundle_is_left_alone(sliced: Path, tmp_path: Path) -> None:
+    path, model, cfg = _export(tmp_path, sliced, "single_head")
+    before = (path / "manifest.json").read_text()
+    assert attach_operating_points(path, model, cfg) == {}
+    assert (path / "manifest.json").read_text() == before
