@@ -275,13 +275,14 @@ def _cluster(
         clusters.result.params,
     )
     rows = clusters.rows()
-    scores = None
+    scores: dict[str, Any] | None = None
     if data.truth is not None:
         dropped = {p for p, _ in merged}
         truth = [t for p, t in enumerate(data.truth) if p not in dropped]
         for row, t in zip(rows, truth, strict=True):
             row["truth"] = t
-        scores = {"keywords": len(rows), **cluster_scores(clusters.result.labels, truth)}
+        scores = {"keywords": len(rows)}
+        scores.update({k: round(v, 4) for k, v in cluster_scores(clusters.result.labels, truth).items()})
     order = sorted(
         range(len(rows)),
         key=lambda i: (

@@ -674,6 +674,6 @@ def cluster_scores(labels: np.ndarray, truth: Sequence[Any]) -> dict[str, float]
         "purity": float(table.max(axis=1).sum() / clustered) if clustered else math.nan,
         "nmi": float(normalized_mutual_info_score(t, lab)),
         "ari": float(adjusted_rand_score(t, lab)),
-        "n_clusters": float(len(np.unique(raw[~noise]))),
+        "n_clusters": len(np.unique(raw[~noise])),
         "noise": float(noise.mean()),
     }
