@@ -112,6 +112,7 @@ def machine() -> dict[str, Any]:
         "cores": len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count(),
         "loadavg_1m": os.getloadavg()[0] if hasattr(os, "getloadavg") else None,
         "openblas_coretype_env": os.environ.get("OPENBLAS_CORETYPE"),
+        "omp_wait_policy": os.environ.get("OMP_WAIT_POLICY"),
     }
     try:
         from threadpoolctl import threadpool_info

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -28,6 +29,9 @@ import numpy as np
 
 if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+# OpenMP threads (faiss, torch) that spin while they wait collapse when the cores are shared with
+# other work; passive waiting keeps the comparison about the kernels. Set before they load.
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench._common import (
     emit,

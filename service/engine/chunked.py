@@ -22,7 +22,7 @@ import numpy as np
 from service.engine._select import TopCandidates
 from service.engine.base import Backend
 
-_WORKING_SET = 1 << 22  # score-buffer floats per worker (16 MiB) when chunk_rows is not given
+_WORKING_SET = 1 << 20  # score-buffer floats per worker (4 MiB, cache-sized) when chunk_rows is not given
 _MAX_GROUP = 512  # queries scanned together; larger batches are split
 
 
