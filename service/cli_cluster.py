@@ -199,6 +199,8 @@ def run(args: argparse.Namespace) -> int:
     from subspace.weights import WeightError
 
     try:
+        if args.batch_size < 1:
+            raise InputError(f"--batch-size must be >= 1, got {args.batch_size}")
         params = method_kwargs(args)
         weights = parse_weights(args.weights)
         data = read_keywords(args.input, args.column, args.truth)

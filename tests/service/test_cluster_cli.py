@@ -124,6 +124,7 @@ def test_hdbscan_noise_is_reported_not_dropped(tmp_path: Path, tiny_bundle: Path
         ),
         (("--threshold", "5"), "a\n", "kw.txt", "threshold must be a number in [0.0, 2.0]"),
         (("--param", "linkage=ward"), "a\n", "kw.txt", "linkage must be one of"),
+        (("--batch-size", "0"), "a\n", "kw.txt", "--batch-size must be >= 1"),
     ],
 )
 def test_bad_input_gets_a_clear_error(tmp_path, tiny_bundle, capsys, extra, text, name, message) -> None:  # noqa: PLR0917
