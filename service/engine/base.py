@@ -155,7 +155,9 @@ class Backend(ABC):
         Backends that also round the query and the product to low precision add ``2u``.
         """
         u = PRECISIONS[self._precision]
-        return (1.0 + 2.0 * self._lowp_products(nq)) * u + 2.0 * (self.dim + 4) * _U32
+        # float16 subnormals (|x| < 2**-14) carry an absolute error up to 2**-25 instead of u|x|
+        subnormal = 2.0**-25 * self.dim**0.5 if self._precision == "float16" else 0.0
+        return (1.0 + 2.0 * self._lowp_products(nq)) * u + subnormal + 2.0 * (self.dim + 4) * _U32
 
     def _lowp_products(self, nq: int) -> bool:
         """Does a scan of ``nq`` queries round queries and products to the storage precision?"""
