@@ -45,6 +45,42 @@ def texts_digest(texts: Sequence[str]) -> str:
     return h.hexdigest()
 
 
+CHUNK = 2048
+
+
+def _chunk_path(cache_dir: Path, fingerprint: str, texts: Sequence[str]) -> Path:
+    key = hashlib.sha256(f"{fingerprint}|{texts_digest(texts)}".encode()).hexdigest()[:32]
+    return cache_dir / f"{key}.npy"
+
+
+def _load(path: Path, shape: tuple[int, int], desc: str) -> np.ndarray | None:
+    if not path.is_file():
+        return None
+    try:
+        feats = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, EOFError) as exc:
+        log.warning("%s: cache entry %s is unreadable (%s), recomputing", desc, path.name, exc)
+        return None
+    if feats.shape != shape:
+        log.warning("%s: cache entry %s has shape %s, recomputing", desc, path.name, feats.shape)
+        return None
+    return feats
+
+
+def _save_atomic(path: Path, feats: np.ndarray) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npy.tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            np.save(fh, feats, allow_pickle=False)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def pooled_features(
     trunk: Trunk,
     texts: Sequence[str],
@@ -54,36 +90,37 @@ def pooled_features(
     batch_size: int = 64,
     desc: str = "trunk features",
 ) -> np.ndarray:
-    """Pooled trunk features ``(n, H)`` float32 for ``texts``, from the cache when possible."""
-    path = None
-    if cache_dir is not None:
-        fp = fingerprint or trunk_fingerprint(trunk)
-        key = hashlib.sha256(f"{fp}|{texts_digest(texts)}".encode()).hexdigest()[:32]
-        path = Path(cache_dir) / f"{key}.npy"
-        if path.is_file():
-            try:
-                feats = np.load(path, allow_pickle=False)
-            except (ValueError, OSError, EOFError) as exc:
-                log.warning("%s: cache entry %s is unreadable (%s), recomputing", desc, path.name, exc)
-            else:
-                if feats.shape == (len(texts), trunk.hidden_size):
-                    log.info("%s: %d texts from cache %s", desc, len(texts), path.name)
-                    return feats
-                log.warning("%s: cache entry %s has shape %s, recomputing", desc, path.name, feats.shape)
-    from tqdm.auto import tqdm
+    """Pooled trunk features ``(n, H)`` float32 for ``texts``, from the cache when possible.
 
-    with tqdm(total=len(texts), desc=desc, unit="text", mininterval=2.0) as bar:
-        feats = trunk.encode(list(texts), batch_size=batch_size, progress=bar)
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npy.tmp", dir=path.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                np.save(fh, feats, allow_pickle=False)
-                fh.flush()
-                os.fsync(fh.fileno())
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    return feats
+    The list is cached in consecutive chunks of :data:`CHUNK` texts, each under its own key,
+    so an interrupted run resumes where it stopped and runs that share a text list (the same
+    corpus in the same order) share its entries whatever else they embed.
+    """
+    texts = list(texts)
+    n, h = len(texts), trunk.hidden_size
+    out = np.zeros((n, h), dtype=np.float32)
+    cache = Path(cache_dir) if cache_dir is not None else None
+    fp = (fingerprint or trunk_fingerprint(trunk)) if cache is not None else ""
+    todo: list[tuple[int, int, Path | None]] = []
+    hits = 0
+    for start in range(0, n, CHUNK):
+        chunk = texts[start : start + CHUNK]
+        path = _chunk_path(cache, fp, chunk) if cache is not None else None
+        feats = _load(path, (len(chunk), h), desc) if path is not None else None
+        if feats is None:
+            todo.append((start, start + len(chunk), path))
+        else:
+            out[start : start + len(chunk)] = feats
+            hits += len(chunk)
+    if hits:
+        log.info("%s: %d of %d texts from the cache", desc, hits, n)
+    if todo:
+        from tqdm.auto import tqdm
+
+        with tqdm(total=sum(e - s for s, e, _ in todo), desc=desc, unit="text", mininterval=2.0) as bar:
+            for start, end, path in todo:
+                feats = trunk.encode(texts[start:end], batch_size=batch_size, progress=bar)
+                out[start:end] = feats
+                if path is not None:
+                    _save_atomic(path, feats)
+    return out

@@ -233,14 +233,52 @@ class Trainer:
         self.store: FeatureStore | None = None
         t1 = time.perf_counter()
         if self.model.trunk.frozen:
-            texts = sorted(set().union(*(t.texts() for t in self.tasks)) | set(self.corpus_texts))
+            # the corpus in its own order (shared by every run over that corpus), then the rest
+            corpus_set = set(self.corpus_texts)
+            rest = sorted(set().union(*(t.texts() for t in self.tasks)) - corpus_set)
             fp = trunk_fingerprint(self.model.trunk)
-            feats = pooled_features(
-                self.model.trunk, texts, cache, fingerprint=fp, batch_size=config.trunk.encode_batch_size
+            bs = config.trunk.encode_batch_size
+            feats = np.concatenate(
+                [
+                    pooled_features(
+                        self.model.trunk,
+                        self.corpus_texts,
+                        cache,
+                        fingerprint=fp,
+                        batch_size=bs,
+                        desc="corpus features",
+                    ),
+                    pooled_features(
+                        self.model.trunk,
+                        rest,
+                        cache,
+                        fingerprint=fp,
+                        batch_size=bs,
+                        desc="query/training features",
+                    ),
+                ]
             )
-            self.store = FeatureStore(texts, feats, torch.device(config.device))
+            self.store = FeatureStore([*self.corpus_texts, *rest], feats, torch.device(config.device))
         self.timings["features_s"] = time.perf_counter() - t1
         self.data_hashes = self._data_hashes()
+
+    @classmethod
+    def from_parts(
+        cls,
+        config: TrainConfig,
+        model: ESPModel,
+        tasks: list[Task],
+        store: FeatureStore | None = None,
+        progress: bool = False,
+    ) -> Trainer:
+        """A trainer over ready-made model and tasks (benchmarks, custom data); no data building."""
+        self = cls.__new__(cls)
+        self.config, self.model, self.tasks, self.store, self.progress = config, model, tasks, store, progress
+        self.timings, self.data_hashes = {}, {}
+        names = [t.name for t in tasks]
+        self.weighting = build_weighting(config.weighting.name, names, **config.weighting.params)
+        self.surgery = build_surgery(config.surgery.name, **config.surgery.params)
+        return self
 
     def _data_hashes(self) -> dict[str, str]:
         out = {

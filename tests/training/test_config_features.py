@@ -68,3 +68,22 @@ def test_feature_cache_hit_miss_and_atomic(tiny_bert_dir: Path, tmp_path: Path) 
     trunk.max_length = 2  # another tokenisation -> another key
     pooled_features(trunk, texts, tmp_path)
     assert len(list(tmp_path.iterdir())) == 3
+
+
+def test_feature_cache_chunks_are_shared_and_resumable(
+    tiny_bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from training import features
+    from training.model import Trunk, TrunkMode
+
+    monkeypatch.setattr(features, "CHUNK", 2)
+    trunk = Trunk.from_pretrained(tiny_bert_dir, max_length=32, mode=TrunkMode.parse("frozen"))
+    texts = ["a cost", "b flea", "c life", "d cycle", "e the"]
+    full = features.pooled_features(trunk, texts, tmp_path)
+    assert len(list(tmp_path.glob("*.npy"))) == 3  # chunks of 2, 2, 1
+    calls = []
+    real = trunk.encode
+    monkeypatch.setattr(trunk, "encode", lambda t, **kw: calls.append(list(t)) or real(t, **kw))
+    again = features.pooled_features(trunk, [*texts[:4], "other"], tmp_path)
+    assert calls == [["other"]]  # the first two chunks came from the cache
+    np.testing.assert_array_equal(again[:4], full[:4])

@@ -41,7 +41,7 @@ def test_tiny_training_lowers_every_loss(frozen_run) -> None:
 
 
 def test_step_log_has_losses_lambdas_norms_and_pairs(frozen_run) -> None:
-    result, out = frozen_run
+    _result, out = frozen_run
     lines = [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
     steps = [r for r in lines if "tasks" in r]
     assert len(steps) == 60
@@ -63,7 +63,7 @@ def test_step_log_has_losses_lambdas_norms_and_pairs(frozen_run) -> None:
 def test_metrics_and_bundle(frozen_run) -> None:
     from subspace.bundle import read_bundle
 
-    result, out = frozen_run
+    result, _out = frozen_run
     assert set(result.metrics["start"]) == {"semantic", "entity", "intent"}
     assert result.metrics["final"]["semantic"]["n"] == 4  # the DL20 queries, held out
     b = read_bundle(result.bundle_path)
