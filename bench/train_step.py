@@ -36,7 +36,7 @@ def _parts(batch: int, seed: int = 0):
         for q, rels in sorted(trec.qrels.items())
         for p, g in sorted(rels.items())
         if g >= 2 and p in text_of and q in qtext
-    ][: 16 * batch]
+    ][: 4 * batch]
     sem = PairSet(
         [qtext[q] for q, _ in pairs],
         [text_of[p] for _, p in pairs],
@@ -44,7 +44,7 @@ def _parts(batch: int, seed: int = 0):
     )
     ent = PairSet(list(sem.anchors[::-1]), list(sem.positives[::-1]), list(sem.groups[::-1]))
     o = load_orcas()
-    intent = ClassSet(o.texts, o.labels, o.classes)
+    intent = ClassSet(o.texts[: 4 * batch], o.labels[: 4 * batch], o.classes)
     return {
         "semantic": ObjectiveData("semantic", sem, HeldOut("retrieval"), {}),
         "entity": ObjectiveData("entity", ent, HeldOut("entity"), {}),

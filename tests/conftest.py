@@ -188,6 +188,9 @@ def tiny_train_config(data_dir: Path, bert_dir: Path, **overrides):
         "weighting": {"name": "dwa", "params": {"window": 5}},
         "eval": {"every": 0},
         "export": {"enabled": False},
+        # one thread: tiny matrices gain nothing from two, and on a shared CPU two OpenMP threads
+        # spin against each other (steps measured ~40x slower under load)
+        "threads": 1,
     }
     base.update(overrides)
     return TrainConfig(**base)

@@ -7,6 +7,12 @@ train_log.jsonl (one record per step: per task loss, lambda, grad norm; per task
 gradient cosine and whether PCGrad projected), metrics.json (held-out metrics at the start
 and the end), config.json, and bundle/ (unless export.enabled is false).
 
+Frozen-trunk features are cached under trunk.features_cache (chunks keyed by a hash of the
+trunk weights, max_length and texts; an interrupted run resumes, runs over the same corpus share it).
+
+Exit status: 0 when every objective's held-out metric improved over the untrained start,
+3 when one did not (the bundle is still written), 2 for an invalid config.
+
 Example:  esp train --config configs/demo.yaml --out artifacts/demo
 """
 
