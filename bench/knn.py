@@ -145,7 +145,7 @@ def bench_size(n: int, args: argparse.Namespace, threads: list[int]) -> dict[str
             if b <= SIMD_MAX_BATCH:
                 fns["faiss_simd"] = lambda s=s: faiss_search(s, False)
             progress(f"N={n} threads={t} batch={b}: {', '.join(fns)}")
-            times = interleaved(fns, args.repeats, budget_s=6.0 if args.quick else 30.0)
+            times = interleaved(fns, args.repeats, budget_s=3.0 if args.quick else 30.0)
             for name, ts in times.items():
                 med = median(ts)
                 cells.append(
