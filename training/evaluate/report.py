@@ -366,7 +366,10 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
         add("")
     add("## Protocol")
     add("")
-    add(f"- Corpus: the TREC DL 2019+2020 passage pool, {p['corpus_passages']:,} passages; every "
+    sl = cfg.data_slice
+    what = ("the judged passages of the TREC DL 2019+2020 pool (a condensed list)"
+            if sl is not None and sl.corpus == "judged" else "the TREC DL 2019+2020 passage pool")
+    add(f"- Corpus: {what}, {p['corpus_passages']:,} passages; every "
         "ranking is the service's scoring (`subspace.scoring`: block-normalised embeddings, "
         "`scale_queries` -> `weighted_scores` -> `topk`).")
     add(f"- Held-out queries only, cross-year: each seed trains one model per held-out year "
