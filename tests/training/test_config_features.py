@@ -21,7 +21,7 @@ def test_demo_config_loads_and_env_overrides(monkeypatch: pytest.MonkeyPatch) ->
     monkeypatch.setenv("ESP_TRAIN_OPTIM__STEPS", "7")
     monkeypatch.setenv("ESP_TRAIN_TRUNK__MODE", "top:2")
     cfg = load_config(REPO / "configs" / "demo.yaml")
-    assert cfg.optim.steps == 7 and cfg.trunk.mode == "top:2" and cfg.optim.lr == 0.001
+    assert cfg.optim.steps == 7 and cfg.trunk.mode == "top:2" and cfg.optim.lr == 0.0003
 
 
 @pytest.mark.parametrize(
