@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import shlex
 import sys
 import textwrap
@@ -108,6 +109,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(exc, file=sys.stderr)
         return 1
     url = f"http://{args.host}:{args.port}"
+    logging.getLogger("httpx").setLevel(logging.WARNING)  # the readiness polls would flood the terminal
     threading.Thread(target=_show_in_background, args=(url, args.query), daemon=True).start()
     from subspace.cli import main as esp
 
