@@ -7,6 +7,7 @@ layout and scored on that state, even if a hot reload swaps the bundle meanwhile
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import numpy as np
@@ -143,6 +144,7 @@ async def search(
     batcher: BatcherDep,
     metrics: MetricsDep,
 ) -> JSONResponse:
+    started = time.perf_counter()
     if len(body.queries) > settings.max_queries:
         raise _invalid(
             f"queries has {len(body.queries)} items; at most {settings.max_queries} per request", "queries"
@@ -160,12 +162,17 @@ async def search(
     hits = await batcher.submit(state, queries, resolved.block_weights, body.k)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
     _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
-    if resolved.experiment is not None and resolved.arm is not None and not resolved.excluded:
+    exposure = resolved.experiment is not None and resolved.arm is not None and not resolved.excluded
+    if exposure:
         metrics.experiment_requests.labels(experiment=resolved.experiment, arm=resolved.arm).inc(len(queries))
     if sum(len(h.rows) for h in hits) > _BUILD_INLINE_MAX_HITS:
         results = await asyncio.to_thread(build_results, state, hits)
     else:
         results = build_results(state, hits)
+    if exposure:  # latency by arm: the A/B dashboard compares arms on it
+        metrics.experiment_request_duration.labels(experiment=resolved.experiment, arm=resolved.arm).observe(
+            time.perf_counter() - started
+        )
     return JSONResponse(
         {
             "results": results,

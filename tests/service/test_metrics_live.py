@@ -58,6 +58,11 @@ def test_every_named_series_is_exported(served: LiveServer) -> None:
         for a in ("control", "treatment")
     )
     assert arms >= 1
+    arm_latencies = sum(
+        _sample(fams, "esp_experiment_request_duration_seconds_count", experiment="ent", arm=a)
+        for a in ("control", "treatment")
+    )
+    assert arm_latencies >= 1
 
 
 def test_route_labels_are_templates_not_raw_paths(served: LiveServer) -> None:
