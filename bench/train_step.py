@@ -19,6 +19,7 @@ import platform
 import statistics
 import tempfile
 import time
+from typing import Any
 
 import torch
 
@@ -65,10 +66,10 @@ def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
         from training.tiny import save_tiny_bert
 
         tmp = tempfile.mkdtemp(prefix="bench-tiny-")
-        path = str(save_tiny_bert(tmp, datas["semantic"].train.positives[:500]))  # type: ignore[union-attr]
+        path = str(save_tiny_bert(tmp, datas["semantic"].train.positives[:500]))
     else:
         path = default_trunk_path()
-    objectives = [
+    objectives: list[dict[str, Any]] = [
         {"name": "semantic", "dim": 256, "data": "semantic", "loss": "info_nce", "batch_size": batch},
         {"name": "entity", "dim": 96, "data": "entity", "loss": "info_nce", "batch_size": batch},
         {"name": "intent", "dim": 32, "data": "intent", "loss": "cross_entropy", "batch_size": batch},
