@@ -166,18 +166,25 @@ class TrainConfig(BaseSettings):
         return self.model_dump(mode="json")
 
 
+def read_yaml_mapping(path: str | Path, what: str = "config file") -> dict[str, Any]:
+    """A YAML file that must hold a mapping; errors name the file and the problem."""
+    p = Path(path)
+    if not p.is_file():
+        raise FileNotFoundError(f"{what} {p} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text(encoding="utf-8"))
+    except yaml.YAMLError as exc:
+        raise ValueError(f"{p}: not valid YAML ({exc})") from exc
+    if not isinstance(data, dict):
+        raise ValueError(f"{p}: must be a YAML mapping of config fields")
+    return data
+
+
 def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig:
     """Read ``path`` (YAML), apply ``ESP_TRAIN_*`` env overrides, then ``overrides``."""
     if path is not None:
         p = Path(path)
-        if not p.is_file():
-            raise FileNotFoundError(f"config file {p} does not exist")
-        try:
-            data = yaml.safe_load(p.read_text(encoding="utf-8"))
-        except yaml.YAMLError as exc:
-            raise ValueError(f"{p}: not valid YAML ({exc})") from exc
-        if not isinstance(data, dict):
-            raise ValueError(f"{p}: must be a YAML mapping of config fields")
+        read_yaml_mapping(p)  # fail early with a clear message; the settings source reads it
         token = _YAML_PATH.set(p)
         try:
             return TrainConfig(**overrides)

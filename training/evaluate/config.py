@@ -12,8 +12,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from training.config import read_yaml_mapping
 
 Year = Literal["dl19", "dl20"]
 _YEARS: tuple[Year, ...] = ("dl20", "dl19")
@@ -114,14 +115,7 @@ def load_eval_config(path: str | Path, *, quick: bool = False) -> EvalConfig:
     """Read the YAML; with ``quick`` its ``quick:`` section is deep-merged over the rest and the
     tiny trunk is switched on."""
     p = Path(path)
-    if not p.is_file():
-        raise FileNotFoundError(f"eval config {p} does not exist")
-    try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8"))
-    except yaml.YAMLError as exc:
-        raise ValueError(f"{p}: not valid YAML ({exc})") from exc
-    if not isinstance(raw, dict):
-        raise ValueError(f"{p}: must be a YAML mapping")
+    raw = read_yaml_mapping(p, "eval config")
     if quick:
         over = raw.get("quick") or {}
         raw = deep_merge(raw, over)
