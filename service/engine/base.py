@@ -86,6 +86,7 @@ class Backend(ABC):
         threads: int | None = None,
         chunk_rows: int | None = None,
     ) -> None:
+        self._require()
         check_precision(precision)
         if precision not in self.precisions:
             raise BackendUnavailable(
@@ -118,6 +119,17 @@ class Backend(ABC):
         self._indicator = layout.indicator(np.float64)
         self._max_block_norm = max_block_norms(corpus, layout)
         self.rescans = 0  # queries that needed a wider candidate set (step 2), since start
+        self._load(corpus)
+
+    # --- what a backend provides ----------------------------------------------------------
+    def _require(self) -> None:  # noqa: B027 - optional hook: most backends need nothing
+        """Raise :class:`BackendUnavailable` (with the reason) when this backend cannot run here.
+
+        Runs before anything else, so the fallback chain can log why and move on.
+        """
+
+    def _load(self, corpus: np.ndarray) -> None:  # noqa: B027 - optional hook
+        """Build the scan structures from the validated corpus; the master stays as given."""
 
     # --- properties ---------------------------------------------------------------------
     @property

@@ -11,7 +11,6 @@ from typing import ClassVar
 import numpy as np
 
 from service.engine.base import Backend, BackendUnavailable
-from subspace.layout import SubspaceLayout
 
 
 def cuda_unavailable_reason() -> str | None:
@@ -32,15 +31,7 @@ class CupyBackend(Backend):
     name: ClassVar[str] = "cupy"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
 
-    def __init__(
-        self,
-        corpus: np.ndarray,
-        layout: SubspaceLayout,
-        *,
-        precision: str = "float32",
-        threads: int | None = None,
-        chunk_rows: int | None = None,
-    ) -> None:
+    def _require(self) -> None:
         reason = cuda_unavailable_reason()
         if reason is not None:
             raise BackendUnavailable(reason)

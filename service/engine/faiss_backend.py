@@ -14,7 +14,6 @@ from typing import Any, ClassVar
 import numpy as np
 
 from service.engine.base import Backend, BackendUnavailable
-from subspace.layout import SubspaceLayout
 
 _ADD_CHUNK = 65536
 
@@ -24,20 +23,16 @@ class FaissBackend(Backend):
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
     blas_threshold: ClassVar[int] = 2  # batches of >= 2 queries take the BLAS path
 
-    def __init__(
-        self,
-        corpus: np.ndarray,
-        layout: SubspaceLayout,
-        *,
-        precision: str = "float32",
-        threads: int | None = None,
-        chunk_rows: int | None = None,
-    ) -> None:
+    def _require(self) -> None:
         try:
-            import faiss
+            import faiss  # noqa: F401
         except ImportError as exc:
             raise BackendUnavailable("faiss: not installed (pip install faiss-cpu)") from exc
-        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+
+    def _load(self, corpus: np.ndarray) -> None:
+        import faiss
+
+        precision, chunk_rows = self.precision, self.chunk_rows
         self._faiss = faiss
         d = corpus.shape[1]
         if precision == "float32":

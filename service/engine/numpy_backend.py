@@ -15,7 +15,6 @@ import numpy as np
 
 from service.engine.base import BackendUnavailable
 from service.engine.chunked import ChunkedBackend
-from subspace.layout import SubspaceLayout
 
 _controller: Any = None
 _controller_lock = threading.Lock()
@@ -38,16 +37,8 @@ class NumpyBackend(ChunkedBackend):
     name: ClassVar[str] = "numpy"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16")
 
-    def __init__(
-        self,
-        corpus: np.ndarray,
-        layout: SubspaceLayout,
-        *,
-        precision: str = "float32",
-        threads: int | None = None,
-        chunk_rows: int | None = None,
-    ) -> None:
-        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+    def _load(self, corpus: np.ndarray) -> None:
+        precision = self.precision
         dtype = np.float32 if precision == "float32" else np.float16
         if corpus.dtype == dtype:
             self._data = corpus

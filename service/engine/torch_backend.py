@@ -22,7 +22,6 @@ import numpy as np
 from service.engine.base import BackendUnavailable
 from service.engine.chunked import ChunkedBackend
 from service.engine.numpy_backend import blas_limiter
-from subspace.layout import SubspaceLayout
 
 
 class TorchBackend(ChunkedBackend):
@@ -31,20 +30,16 @@ class TorchBackend(ChunkedBackend):
     # batches up to this size multiply low precision directly (memory-bound matrix-vector products)
     direct_max_batch: ClassVar[int] = 2
 
-    def __init__(
-        self,
-        corpus: np.ndarray,
-        layout: SubspaceLayout,
-        *,
-        precision: str = "float32",
-        threads: int | None = None,
-        chunk_rows: int | None = None,
-    ) -> None:
+    def _require(self) -> None:
         try:
-            import torch
+            import torch  # noqa: F401
         except ImportError as exc:
             raise BackendUnavailable("torch: not installed (pip install the 'serve' extra)") from exc
-        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+
+    def _load(self, corpus: np.ndarray) -> None:
+        import torch
+
+        precision = self.precision
         self._torch = torch
         self._dtype = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16}[
             precision
