@@ -140,13 +140,13 @@ def test_weights_and_operating_point_are_exclusive(tmp_path: Path, tiny_bundle: 
     assert exc.value.code == 2
 
 
-DEMO = Path(__file__).resolve().parents[2] / "artifacts" / "demo"
+DEMO = Path(__file__).resolve().parents[2] / "artifacts" / "demo" / "bundle"  # where `make demo` exports
 DATA = Path(__file__).resolve().parents[2] / "data"
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(
-    not (DEMO / "manifest.json").exists(), reason="artifacts/demo absent (built by `make demo`)"
+    not (DEMO / "manifest.json").exists(), reason="artifacts/demo/bundle absent (built by `make demo`)"
 )
 def test_demo_bundle_intent_weight_splits_topics_by_intent() -> None:
     """On the trained demo bundle and shipped keywords: semantic-only weights keep MIMICS
