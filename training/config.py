@@ -73,6 +73,16 @@ class SplitConfig(_Strict):
     heldout_year: Literal["dl19", "dl20"] = "dl20"
     heldout_folds: list[int] = Field(default_factory=lambda: [5])
     intent_heldout_fraction: float = Field(default=0.2, gt=0, lt=1)
+    intent_folds: int | None = Field(
+        default=None, ge=2, description="k of a stratified k-fold split of ORCAS-I (null: hash fraction)"
+    )
+    intent_fold: int = Field(default=0, ge=0, description="ORCAS-I fold held out when intent_folds is set")
+
+    @model_validator(mode="after")
+    def _fold_in_range(self) -> SplitConfig:
+        if self.intent_folds is not None and self.intent_fold >= self.intent_folds:
+            raise ValueError(f"intent_fold must be in [0, {self.intent_folds - 1}], got {self.intent_fold}")
+        return self
 
 
 class EvalConfig(_Strict):

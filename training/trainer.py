@@ -192,7 +192,8 @@ class Trainer:
         s = config.split
         self.ctx = DataContext(
             data_dir,
-            Split(s.by, s.heldout_year, tuple(s.heldout_folds), s.intent_heldout_fraction),
+            Split(s.by, s.heldout_year, tuple(s.heldout_folds), s.intent_heldout_fraction, s.intent_folds,
+                  s.intent_fold),
             seed=config.seed,
         )
         datas = {o.name: build_objective(o.data, self.ctx, **o.data_params) for o in config.objectives}

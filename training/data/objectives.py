@@ -10,7 +10,8 @@ Registry :data:`BUILDERS` (config ``objectives[].data``):
   are too generic and ignored). Held out: fraction of the top-10 passages that mention one of
   the query's entities (``entity_p@10``), and ``entity_hit@10`` (any of them does).
 - ``intent``: ORCAS-I queries with their (mapped) intent class. Held out: a fixed fraction of
-  queries chosen by a hash of the qid; accuracy and macro-F1.
+  queries chosen by a hash of the qid, or (``intent_folds: k``) fold ``intent_fold`` of a
+  stratified k-fold split (:func:`stratified_folds`); accuracy and macro-F1.
 
 Query split (:class:`Split`): ``by: year`` trains on one TREC DL year and holds out the other
 (queries of both the semantic and the entity objective), ``by: fold`` holds out the DL-Hard
@@ -39,6 +40,8 @@ class Split:
     heldout_year: str = "dl20"
     heldout_folds: tuple[int, ...] = (5,)
     intent_heldout_fraction: float = 0.2
+    intent_folds: int | None = None  # k of a stratified k-fold split of ORCAS-I; None: hash fraction
+    intent_fold: int = 0  # the fold held out when intent_folds is set
 
 
 @dataclass
@@ -127,6 +130,24 @@ def _hash_fraction(key: str) -> float:
     return int(hashlib.sha1(key.encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
 
 
+def stratified_folds(keys: list[str], labels: list[int], k: int) -> list[int]:
+    """Fold ``0..k-1`` of every row: stratified (each class dealt round-robin over the folds, so
+    every fold holds ``n_c / k`` of class ``c``, +-1) in an order fixed by a hash of the key.
+
+    Deterministic and independent of row order and seed: every run, method and process sees the
+    same folds, which is what comparing methods on pooled cross-validated predictions needs.
+    """
+    if k < 2:
+        raise ValueError(f"split.intent_folds must be >= 2, got {k!r}")
+    folds = [0] * len(keys)
+    for c in sorted(set(labels)):
+        rows = [i for i, lab in enumerate(labels) if lab == c]
+        rows.sort(key=lambda i: _hash_fraction(f"fold:{keys[i]}"))
+        for rank, i in enumerate(rows):
+            folds[i] = rank % k
+    return folds
+
+
 def build_semantic(
     ctx: DataContext,
     *,
@@ -207,12 +228,20 @@ def build_entity(ctx: DataContext, *, max_df: int = 500, max_pairs_per_query: in
 
 def build_intent(ctx: DataContext, *, classes: Any = "3") -> ObjectiveData:
     data = load_orcas(ctx.data_dir, classes)
-    frac = ctx.split.intent_heldout_fraction
-    if not 0 < frac < 1:
-        raise ValueError(f"split.intent_heldout_fraction must be in (0, 1), got {frac!r}")
+    sp = ctx.split
+    if sp.intent_folds is not None:
+        if not 0 <= sp.intent_fold < sp.intent_folds:
+            raise ValueError(f"split.intent_fold must be in [0, {sp.intent_folds - 1}], got {sp.intent_fold}")
+        folds = stratified_folds(list(data.qids), list(data.labels), sp.intent_folds)
+        held = [f == sp.intent_fold for f in folds]
+    else:
+        frac = sp.intent_heldout_fraction
+        if not 0 < frac < 1:
+            raise ValueError(f"split.intent_heldout_fraction must be in (0, 1), got {frac!r}")
+        held = [_hash_fraction(f"orcas:{qid}") < frac for qid in data.qids]
     tr_t, tr_l, ho_t, ho_l = [], [], [], []
-    for qid, text, label in zip(data.qids, data.texts, data.labels, strict=True):
-        if _hash_fraction(f"orcas:{qid}") < frac:
+    for is_held, text, label in zip(held, data.texts, data.labels, strict=True):
+        if is_held:
             ho_t.append(text)
             ho_l.append(label)
         else:
