@@ -13,7 +13,8 @@ import hashlib
 import logging
 import os
 import tempfile
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -81,6 +82,21 @@ def _save_atomic(path: Path, feats: np.ndarray) -> None:
         raise
 
 
+@contextmanager
+def all_cores() -> Iterator[None]:
+    """Run torch on every core this process may use, then restore the thread count.
+
+    Training may pin torch to one thread (its matrices are small), but the trunk forward over
+    thousands of passages is GEMM-bound and runs ~1.8x faster on 2 cores than on 1.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(max(before, len(os.sched_getaffinity(0))))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def pooled_features(
     trunk: Trunk,
     texts: Sequence[str],
@@ -117,7 +133,8 @@ def pooled_features(
     if todo:
         from tqdm.auto import tqdm
 
-        with tqdm(total=sum(e - s for s, e, _ in todo), desc=desc, unit="text", mininterval=2.0) as bar:
+        total = sum(e - s for s, e, _ in todo)
+        with all_cores(), tqdm(total=total, desc=desc, unit="text", mininterval=2.0) as bar:
             for start, end, path in todo:
                 feats = trunk.encode(texts[start:end], batch_size=batch_size, progress=bar)
                 out[start:end] = feats
