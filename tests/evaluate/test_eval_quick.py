@@ -62,6 +62,8 @@ def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
         for row in m["per_seed"].values():
             assert 0.0 <= row["ndcg@10"] <= 1.0 and 0.0 <= row["entity_p@10"] <= 1.0
             assert row["n_queries"] == 8  # 4 per year in the quick slice, each scored once
+            # stratified k-fold: every ORCAS-I query of the slice gets exactly one out-of-fold prediction
+            assert row["n_intent_predictions"] == res["protocol"]["orcas_total"]
         assert all(h >= 0 for h in m["hypervolume"])
         # A sweep's front dominates the default-weights point, so its hypervolume is at least that point's.
         for seed, curve in m["curves"].items():

@@ -58,6 +58,8 @@ class DataSlice(_Strict):
 class EvalConfig(_Strict):
     seeds: list[int] = Field(default_factory=lambda: [0, 1, 2], min_length=1)
     heldout_years: list[Year] = Field(default_factory=lambda: list(_YEARS), min_length=1)
+    intent_folds: int | None = Field(
+        default=5, ge=2, description="stratified k-fold over ORCAS-I (null: the trainer's hash hold-out)")
     sweep_step: float = Field(default=0.1, gt=0, le=1)
     front_method: str
     hypervolume_ref: tuple[float, float] = (0.0, 0.0)
@@ -79,8 +81,22 @@ class EvalConfig(_Strict):
             self.training_config(name)  # every method's merged config must validate
         return self
 
-    def training_dict(self, method: str, *, seed: int | None = None, heldout_year: str | None = None
-                      ) -> dict[str, Any]:
+    def schedule(self) -> list[tuple[str, int | None]]:
+        """``(held-out year, intent fold)`` of every run of one method and seed.
+
+        With k intent folds there are ``max(k, years)`` runs; run f holds out intent fold ``f mod k``
+        and TREC DL year ``f mod years``, so every ORCAS-I query is predicted exactly once per seed
+        and every TREC DL query is scored by the models that never trained on it. Without folds:
+        one run per year, all with the trainer's hash hold-out.
+        """
+        years = self.heldout_years
+        if self.intent_folds is None:
+            return [(y, None) for y in years]
+        n = max(self.intent_folds, len(years))
+        return [(years[f % len(years)], f % self.intent_folds) for f in range(n)]
+
+    def training_dict(self, method: str, *, seed: int | None = None, heldout_year: str | None = None,
+                      intent_fold: int | None = None) -> dict[str, Any]:
         """The merged training config of ``method`` as a dict (before TrainConfig validation)."""
         if method not in self.methods:
             raise ValueError(f"method {method!r} is unknown; allowed: {sorted(self.methods)}")
@@ -92,6 +108,9 @@ class EvalConfig(_Strict):
                     out[part] = deep_merge(out[part], {"params": {"seed": seed}})
         if heldout_year is not None:
             out["split"] = deep_merge(out.get("split", {}), {"by": "year", "heldout_year": heldout_year})
+        if intent_fold is not None:
+            out["split"] = deep_merge(out.get("split", {}),
+                                      {"intent_folds": self.intent_folds, "intent_fold": intent_fold})
         return out
 
     def training_config(self, method: str, **kw: Any) -> Any:

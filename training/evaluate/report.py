@@ -1,8 +1,9 @@
 """Aggregate the runs into tables, plots, operating points and ``esp-bench.md``.
 
-Numbers per seed: the two held-out-year runs of a seed are pooled per query (NDCG@10, entity
-P@10, sweeps) or averaged (intent F1, agreement, tau, effective rank). Tables show the mean
-± sample std over seeds; the seeds are listed in every caption.
+Numbers per seed: the runs of a seed are pooled per query (NDCG@10, entity P@10, sweeps: the
+mean over the runs that held the query out), per ORCAS-I query (intent macro-F1 and
+agreement@10 over the pooled out-of-fold predictions) or averaged (tau, effective rank).
+Tables show the mean ± sample std over seeds; the seeds are listed in every caption.
 """
 
 from __future__ import annotations
@@ -35,6 +36,15 @@ def _mean(d: Mapping[str, float]) -> float:
     return float(np.mean(list(d.values()))) if d else math.nan
 
 
+def pool_queries(per_run: Sequence[Mapping[str, float]]) -> dict[str, float]:
+    """Per-query mean over the runs that scored the query: ``[{qid: v}] -> {qid: mean v}``."""
+    acc: dict[str, list[float]] = defaultdict(list)
+    for d in per_run:
+        for q, v in d.items():
+            acc[q].append(v)
+    return {q: float(np.mean(v)) for q, v in acc.items()}
+
+
 def by_seed(runs: Sequence[Run], method: str) -> dict[int | None, list[Run]]:
     out: dict[int | None, list[Run]] = defaultdict(list)
     for r in runs:
@@ -44,22 +54,23 @@ def by_seed(runs: Sequence[Run], method: str) -> dict[int | None, list[Run]]:
 
 
 def seed_metrics(group: Sequence[Run], n_classes: int) -> dict[str, float]:
-    """One seed's metrics: per-query pooling over its held-out years, run means otherwise."""
-    ndcg: dict[str, float] = {}
-    ent: dict[str, float] = {}
-    for r in group:
-        ndcg.update(r.result.ndcg)
-        ent.update(r.result.entity_p)
-    labels = list(range(n_classes))
-    f1 = [macro_f1(r.result.intent_true, r.result.intent_pred, labels) for r in group if r.result.intent_pred]
+    """One seed's metrics: per-query pooling over its runs (TREC DL queries: mean over the runs
+    that held them out; ORCAS-I: the out-of-fold predictions of all runs), run means otherwise."""
+    ndcg = pool_queries([r.result.ndcg for r in group])
+    ent = pool_queries([r.result.entity_p for r in group])
+    true = [t for r in group if r.result.intent_pred for t in r.result.intent_true]
+    pred = [p for r in group if r.result.intent_pred for p in r.result.intent_pred]
+    n_test = [len(r.result.intent_true) for r in group]
     out = {
         X: _mean(ndcg),
         Y: _mean(ent),
         "n_queries": float(len(ndcg)),
         "n_entity_queries": float(len(ent)),
-        "intent_f1": float(np.mean(f1)) if f1 else math.nan,
-        "agreement@10": float(np.mean([r.result.agreement for r in group])),
-        "agreement@10_intent_block": float(np.mean([r.result.agreement_intent_only for r in group])),
+        "intent_f1": macro_f1(true, pred, list(range(n_classes))) if pred else math.nan,
+        "n_intent_predictions": float(len(pred)),
+        "agreement@10": float(np.average([r.result.agreement for r in group], weights=n_test)),
+        "agreement@10_intent_block": float(
+            np.average([r.result.agreement_intent_only for r in group], weights=n_test)),
         "tau_sem_ent": float(np.nanmean([r.result.tau for r in group])) if any(
             math.isfinite(r.result.tau) for r in group) else math.nan,
     }
@@ -74,11 +85,8 @@ def seed_curve(group: Sequence[Run]) -> list[dict[str, Any]]:
         return []
     curve = []
     for i, point in enumerate(group[0].result.sweep):
-        ndcg: dict[str, float] = {}
-        ent: dict[str, float] = {}
-        for r in group:
-            ndcg.update(r.result.sweep[i]["ndcg"])
-            ent.update(r.result.sweep[i]["entity_p"])
+        ndcg = pool_queries([r.result.sweep[i]["ndcg"] for r in group])
+        ent = pool_queries([r.result.sweep[i]["entity_p"] for r in group])
         curve.append({"weights": point["weights"], "metrics": {X: _mean(ndcg), Y: _mean(ent)}})
     return curve
 
@@ -91,26 +99,26 @@ def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str
     """Operating points chosen on one held-out year's sweep and scored on the other's.
 
     The weights of a named point used for the queries of year A come from the sweep over year
-    B (a different model, different queries), so no point is chosen on the queries it is
+    B (different models, different queries), so no point is chosen on the queries it is
     scored on. Returns ``{name: {ndcg@10, entity_p@10}}`` pooled over both years.
     """
-    if len(group) != 2:
-        return {}
-    out: dict[str, dict[str, float]] = {}
-    picks = []
+    by_year: dict[str, list[Run]] = defaultdict(list)
     for r in group:
-        curve = [{"weights": p["weights"], "metrics": {X: _mean(p["ndcg"]), Y: _mean(p["entity_p"])}}
-                 for p in r.result.sweep]
-        picks.append(compute_operating_points(curve, layout))
+        by_year[r.heldout_year].append(r)
+    if len(by_year) != 2:
+        return {}
+    curves = [seed_curve(rs) for rs in by_year.values()]
+    picks = [compute_operating_points(c, layout) for c in curves]
+    out: dict[str, dict[str, float]] = {}
     for name in picks[0]:
         ndcg: dict[str, float] = {}
         ent: dict[str, float] = {}
-        for r, chooser in ((group[0], picks[1]), (group[1], picks[0])):
+        for rs, chooser in zip(by_year.values(), reversed(picks), strict=True):
             w = chooser[name]["weights"]
-            point = next(p for p in r.result.sweep if all(
+            i = next(j for j, p in enumerate(rs[0].result.sweep) if all(
                 math.isclose(p["weights"][k], w[k], abs_tol=1e-9) for k in p["weights"]))
-            ndcg.update(point["ndcg"])
-            ent.update(point["entity_p"])
+            ndcg.update(pool_queries([r.result.sweep[i]["ndcg"] for r in rs]))
+            ent.update(pool_queries([r.result.sweep[i]["entity_p"] for r in rs]))
         out[name] = {X: _mean(ndcg), Y: _mean(ent)}
     return out
 
@@ -217,7 +225,7 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
         "diagnostics": diag,
         "clustering": clustering,
         "data_conflict_tau": data_conflict(ctx),
-        "timings": {f"{r.method}/{r.seed}/{r.heldout_year}": r.timings for r in runs},
+        "timings": {f"{r.method}/{r.seed}/{r.heldout_year}/fold{r.intent_fold}": r.timings for r in runs},
     }
     results["protocol"]["seeds_done"] = sorted({r.seed for r in runs if r.seed is not None})
     _write_text(out / RESULTS, json.dumps(results, indent=1, default=_json_default) + "\n")
@@ -245,7 +253,8 @@ def protocol(ctx: Context) -> dict[str, Any]:
         "corpus_passages": len(b.pids),
         "queries": {y: len(q) for y, q in b.queries.items()},
         "entity_queries": {y: len(b.entity_qids(y)) for y in b.queries},
-        "orcas_heldout": len(ctx.orcas_test),
+        "orcas_heldout": sum(len(t) for t in ctx.orcas_test.values()),
+        "intent_folds": ctx.cfg.intent_folds,
         "orcas_total": len(ctx.orcas_texts),
         "intent_classes": ctx.intent_classes,
         "mimics_texts": len(ctx.mimics),
@@ -266,16 +275,14 @@ def keyword_clustering(ctx: Context, runs: Sequence[Run]) -> dict[str, Any]:
     specs = [ClusterSpec(c.method, c.params) for c in cfg.clustering.methods]
     if not specs:
         return {"rows": [], "settings": []}
-    test = ctx.orcas_test
-    orcas_truth = [ctx.intent_classes[ctx.orcas_labels[i]] for i in test]
     rows = []
     for r in runs:
         is_front = r.method == cfg.front_method
         zero = cfg.methods[r.method].zero_shot
         if not (is_front or zero) or r.result.orcas_emb is None:
-            continue
-        if zero and r.heldout_year != cfg.heldout_years[0]:
-            continue  # identical embeddings for every year: cluster once
+            continue  # zero-shot keeps embeddings in its first run only: identical in every run
+        test = r.orcas_test
+        orcas_truth = [ctx.intent_classes[ctx.orcas_labels[i]] for i in test]
         layout = r.layout
         settings = cfg.clustering.weights if is_front else {"trunk": {layout.names[0]: 1.0}}
         for sname, w in settings.items():
@@ -372,19 +379,27 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
     add(f"- Corpus: {what}, {p['corpus_passages']:,} passages; every "
         "ranking is the service's scoring (`subspace.scoring`: block-normalised embeddings, "
         "`scale_queries` -> `weighted_scores` -> `topk`).")
-    add(f"- Held-out queries only, cross-year: each seed trains one model per held-out year "
-        f"({', '.join(cfg.heldout_years)}); a model is scored on the year it never saw, and the two "
-        f"models' per-query scores are pooled ({sum(p['queries'].values())} queries for NDCG, "
-        f"{sum(p['entity_queries'].values())} with gold entities for entity precision).")
+    sched = cfg.schedule()
+    add(f"- Held-out queries only, cross-year: each seed trains {len(sched)} models per method, each "
+        f"holding out one TREC DL year ({', '.join(cfg.heldout_years)}, alternating) and never training "
+        "on it; a query's score is the mean over the models of its seed that held it out "
+        f"({sum(p['queries'].values())} queries for NDCG, {sum(p['entity_queries'].values())} with gold "
+        "entities for entity precision).")
     add("- Semantic: NDCG@10 with the NIST graded qrels, trec_eval `ndcg_cut_10` conventions (linear "
         "gain = grade, ideal ranking from all judged passages, including those outside the pool).")
     add("- Entity: precision@10 = share of the top 10 passages mentioning any DL-HARD gold entity of "
         "the query (surface form or Wikipedia title, whole word, case-insensitive).")
-    add(f"- Intent: ORCAS-I, classes {', '.join(p['intent_classes'])}; the trainer holds out "
-        f"{p['orcas_heldout']} of {p['orcas_total']} queries (qid hash, ~20%, the same for every run; "
-        "not the stratified 5-fold the issue asked for, because the split is the trainer's). Macro-F1 "
-        "of the intent head; agreement@10 = share of each held-out query's 10 nearest other ORCAS-I "
-        "queries (default serving weights) with its own class.")
+    if cfg.intent_folds is not None:
+        split = (f"stratified {cfg.intent_folds}-fold cross-validation (folds fixed by a hash of the qid, "
+                 "the same for every method and seed): each of the runs above holds out one fold, so "
+                 f"all {p['orcas_heldout']} of {p['orcas_total']} queries get one out-of-fold prediction "
+                 "per seed, and macro-F1 is computed over those pooled predictions")
+    else:
+        split = (f"the trainer holds out {p['orcas_heldout'] // max(1, len(sched))} of {p['orcas_total']} "
+                 "queries (qid hash, ~20%, the same for every run)")
+    add(f"- Intent: ORCAS-I, classes {', '.join(p['intent_classes'])}; {split}. Macro-F1 of the intent "
+        "head; agreement@10 = share of each held-out query's 10 nearest other ORCAS-I queries (default "
+        "serving weights) with its own class.")
     add("- Conflict proxy: Kendall tau-b between the semantic-block and entity-block rankings of each "
         "held-out query's candidate pool (epsilon = 1 - tau; ESP only, a single-head model has one "
         "ranking); effective rank = exp(entropy of normalised singular values) of 5,000 corpus "

@@ -6,10 +6,12 @@ Protocol (written into the report):
   queries, one trained with ``dl19`` on DL19; per seed the two runs' per-query scores are
   pooled, so every one of the 97 (NDCG) / 94 (entity) queries is scored by a model that never
   trained on it.
-- Intent: the trainer holds out a fixed ~20% of ORCAS-I by a hash of the qid; macro-F1 and
-  agreement@10 are measured on those queries (mean of the two runs of a seed).
-- The zero-shot trunk needs no training: one deterministic run, its intent classifier is the
-  nearest class centroid of the training ORCAS-I queries.
+- Intent: stratified k-fold over ORCAS-I (``intent_folds``): each run of a seed holds out one
+  fold (and one TREC DL year, alternating, see :meth:`EvalConfig.schedule`), so macro-F1 and
+  agreement@10 are computed on pooled out-of-fold predictions of all ORCAS-I queries. Without
+  folds the trainer's fixed ~20% hash hold-out is used.
+- The zero-shot trunk needs no training; per fold its intent classifier is the nearest class
+  centroid of the fold's training ORCAS-I queries.
 """
 
 from __future__ import annotations
@@ -40,6 +42,8 @@ class Run:
     method: str
     seed: int | None
     heldout_year: str
+    intent_fold: int | None
+    orcas_test: list[int]  # rows of the ORCAS-I queries this run held out
     result: ModelEval
     log_path: Path | None = None
     timings: dict[str, float] = field(default_factory=dict)
@@ -57,7 +61,7 @@ class Context:
     orcas_texts: list[str]
     orcas_labels: list[int]
     intent_classes: list[str]
-    orcas_test: list[int]
+    orcas_test: dict[int | None, list[int]]  # intent fold (None: hash hold-out) -> held-out rows
     mimics: LabelledTexts
     trunk_path: str | None
     features: Features | None = None
@@ -74,7 +78,7 @@ def intent_config(cfg: EvalConfig) -> dict[str, Any]:
 def prepare(cfg: EvalConfig, data_dir: Path, work_dir: Path) -> Context:
     """Load the data (sliced first in quick mode), the ORCAS-I hold-out and, in quick mode, build
     the tiny trunk."""
-    from training.data.objectives import DataContext, Split, build_objective
+    from training.data.objectives import DataContext, Split, build_objective, stratified_folds
     from training.data.orcas import load_orcas
 
     work_dir.mkdir(parents=True, exist_ok=True)
@@ -87,8 +91,14 @@ def prepare(cfg: EvalConfig, data_dir: Path, work_dir: Path) -> Context:
     orcas = load_orcas(data_dir, classes)
     split = cfg.training.get("split", {})
     ctx = DataContext(data_dir, Split(intent_heldout_fraction=split.get("intent_heldout_fraction", 0.2)))
-    held = set(build_objective("intent", ctx, classes=classes).heldout.texts)
-    orcas_test = [i for i, t in enumerate(orcas.texts) if t in held]
+    orcas_test: dict[int | None, list[int]] = {}
+    if cfg.intent_folds is None:
+        held = set(build_objective("intent", ctx, classes=classes).heldout.texts)
+        orcas_test[None] = [i for i, t in enumerate(orcas.texts) if t in held]
+    else:
+        folds = stratified_folds(list(orcas.qids), list(orcas.labels), cfg.intent_folds)
+        for f in range(cfg.intent_folds):
+            orcas_test[f] = [i for i, g in enumerate(folds) if g == f]
     mimics = load_mimics_clusters(data_dir, cfg.clustering.mimics_parents)
     trunk_path = None
     if cfg.tiny_trunk:
@@ -136,12 +146,13 @@ def _features(ctx: Context, trainer: Any) -> Features:
                     orcas=get(ctx.orcas_texts), mimics=get(ctx.mimics.texts))
 
 
-def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str) -> Run:
-    """Train one run of ``method`` and evaluate it on its held-out year."""
+def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
+                       intent_fold: int | None = None) -> Run:
+    """Train one run of ``method`` and evaluate it on its held-out year and intent fold."""
     from training.trainer import Trainer
 
     cfg = ctx.cfg
-    d = cfg.training_dict(method, seed=seed, heldout_year=heldout_year)
+    d = cfg.training_dict(method, seed=seed, heldout_year=heldout_year, intent_fold=intent_fold)
     d["data_dir"] = str(ctx.data_dir)
     if not d.get("trunk", {}).get("features_cache"):
         # Without a cache every run would re-encode the same texts: keep one in the work dir.
@@ -151,7 +162,8 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str) 
     tc = TrainConfig(**d)
     t0 = time.perf_counter()
     trainer = Trainer(tc, trunk_path=ctx.trunk_path, progress=False)
-    run_dir = ctx.work_dir / "runs" / method / f"seed{seed}-heldout-{heldout_year}"
+    fold = "" if intent_fold is None else f"-fold{intent_fold}"
+    run_dir = ctx.work_dir / "runs" / method / f"seed{seed}-heldout-{heldout_year}{fold}"
     result = trainer.run(run_dir)
     t1 = time.perf_counter()
     if ctx.features is None:
@@ -160,16 +172,17 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str) 
     layout = result.model.layout
     esp = tc.architecture == "esp"
     sweep = simplex_grid(list(layout.names), cfg.sweep_step) if esp else []
+    test = ctx.orcas_test[intent_fold]
     ev = evaluate_model(
         ModelEmbedder(result.model), ctx.features, ctx.bench, eval_year=heldout_year,
-        orcas_labels=ctx.orcas_labels, orcas_test=ctx.orcas_test, sweep=sweep,
+        orcas_labels=ctx.orcas_labels, orcas_test=test, sweep=sweep,
         keep_embeddings=method == cfg.front_method, erank_rows=5000,
     )
     timings = {**result.timings, "train_total_s": t1 - t0, "eval_s": time.perf_counter() - t1}
-    log.info("%s seed %d held-out %s: NDCG@10 %.3f, entity P@10 %.3f (train %.1fs, eval %.1fs)",
-             method, seed, heldout_year, np.mean(list(ev.ndcg.values())), np.mean(list(ev.entity_p.values())),
-             timings["train_total_s"], timings["eval_s"])
-    return Run(method, seed, heldout_year, ev, result.log_path, timings, layout)
+    log.info("%s seed %d held-out %s%s: NDCG@10 %.3f, entity P@10 %.3f (train %.1fs, eval %.1fs)",
+             method, seed, heldout_year, fold, np.mean(list(ev.ndcg.values())),
+             np.mean(list(ev.entity_p.values())), timings["train_total_s"], timings["eval_s"])
+    return Run(method, seed, heldout_year, intent_fold, test, ev, result.log_path, timings, layout)
 
 
 def zero_shot_runs(ctx: Context, method: str) -> list[Run]:
@@ -177,22 +190,24 @@ def zero_shot_runs(ctx: Context, method: str) -> list[Run]:
     if ctx.features is None:
         raise RuntimeError("zero-shot evaluation needs the features loaded by a trained run first")
     f = ctx.features
-    test = set(ctx.orcas_test)
-    train_rows = [i for i in range(len(ctx.orcas_texts)) if i not in test]
-    zs = ZeroShot(hidden=f.corpus.shape[1]).fit_centroids(
-        f.orcas[train_rows], [ctx.orcas_labels[i] for i in train_rows], len(ctx.intent_classes))
-    runs = []
-    for year in ctx.cfg.heldout_years:
+    runs: list[Run] = []
+    for year, fold in ctx.cfg.schedule():
         t0 = time.perf_counter()
+        test = ctx.orcas_test[fold]
+        held = set(test)
+        train_rows = [i for i in range(len(ctx.orcas_texts)) if i not in held]
+        zs = ZeroShot(hidden=f.corpus.shape[1]).fit_centroids(
+            f.orcas[train_rows], [ctx.orcas_labels[i] for i in train_rows], len(ctx.intent_classes))
         ev = evaluate_model(zs, f, ctx.bench, eval_year=year, orcas_labels=ctx.orcas_labels,
-                            orcas_test=ctx.orcas_test, keep_embeddings=True, erank_rows=5000)
-        runs.append(Run(method, None, year, ev, None, {"eval_s": time.perf_counter() - t0}, zs.layout))
+                            orcas_test=test, keep_embeddings=not runs, erank_rows=5000)
+        runs.append(Run(method, None, year, fold, test, ev, None, {"eval_s": time.perf_counter() - t0},
+                        zs.layout))
     return runs
 
 
 def run_all(ctx: Context, progress: Any = None, on_seed: Any = None) -> list[Run]:
-    """Every trained method x seed x held-out year, seed by seed (so a partial report can be
-    written after each seed), the zero-shot runs right after the first trained run.
+    """Every trained method x seed x scheduled run (year, intent fold), seed by seed (so a partial
+    report can be written after each seed), the zero-shot runs right after the first trained run.
 
     ``progress(run)`` is called after every run, ``on_seed(seed, runs_so_far)`` after each seed.
     """
@@ -203,8 +218,8 @@ def run_all(ctx: Context, progress: Any = None, on_seed: Any = None) -> list[Run
     trained.sort(key=lambda m: m != cfg.front_method)
     for seed in cfg.seeds:
         for method in trained:
-            for year in cfg.heldout_years:
-                runs.append(train_and_evaluate(ctx, method, seed, year))
+            for year, fold in cfg.schedule():
+                runs.append(train_and_evaluate(ctx, method, seed, year, fold))
                 if progress is not None:
                     progress(runs[-1])
                 if len(runs) == 1:
