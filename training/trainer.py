@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from torch import nn
 
 from training.config import TrainConfig
 from training.data.batching import random_batches, unique_batches
@@ -168,6 +169,9 @@ def load_corpus(config: TrainConfig, ctx: DataContext) -> tuple[list[str], list[
     return [d.id for d in docs], [d.text for d in docs]
 
 
+_ParamGroups = tuple[list[nn.Parameter], list[list[nn.Parameter]], list[nn.Parameter]]
+
+
 class Trainer:
     """Holds the model, tasks and methods of one run; :meth:`run` trains and returns the result."""
 
@@ -182,6 +186,7 @@ class Trainer:
         self.config = config
         self.progress = progress
         self.timings: dict[str, float] = {}
+        self._groups: _ParamGroups | None = None
         t0 = time.perf_counter()
         torch.manual_seed(config.seed)
         random.seed(config.seed)
@@ -343,16 +348,27 @@ class Trainer:
         return out
 
     # --- one step -----------------------------------------------------------------------
+    def _parameter_groups(self) -> _ParamGroups:
+        """``(shared, own per task, every trainable)``: fixed for a run, so listed once, not per step."""
+        if self._groups is None:
+            m = self.model
+            self._groups = (
+                [p for p in m.shared_parameters() if p.requires_grad],
+                [[p for p in m.task_parameters(t.name) if p.requires_grad] for t in self.tasks],
+                [p for p in m.parameters() if p.requires_grad],
+            )
+        return self._groups
+
     def step(self, step: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
         model = self.model
         lambdas = self.weighting.weights()
-        shared = [p for p in model.shared_parameters() if p.requires_grad]
+        shared, owns, clipped = self._parameter_groups()
         losses, shared_grads, task_norms = [], [], []
         optimizer.zero_grad(set_to_none=True)
         for k, task in enumerate(self.tasks):
             loss = task.loss(task.output(model, self.pooled))
             losses.append(float(loss.detach()))
-            own = [p for p in model.task_parameters(task.name) if p.requires_grad]
+            own = owns[k]
             grads = torch.autograd.grad(float(lambdas[k]) * loss, shared + own, allow_unused=True)
             g_shared = [
                 torch.zeros_like(p) if g is None else g
@@ -386,9 +402,8 @@ class Trainer:
                         }
                     )
         if self.config.optim.grad_clip:
-            torch.nn.utils.clip_grad_norm_(
-                [p for p in model.parameters() if p.grad is not None], self.config.optim.grad_clip
-            )
+            clip = self.config.optim.grad_clip
+            torch.nn.utils.clip_grad_norm_([p for p in clipped if p.grad is not None], clip)
         optimizer.step()
         self.weighting.update(losses)
         return {

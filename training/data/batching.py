@@ -3,6 +3,8 @@
 In-batch-negative losses treat every other row of the batch as a negative, so a pair batch
 never holds two rows of the same anchor group nor the same positive text twice. Rows that
 would collide are deferred to the next batch, so every row is still seen once per epoch.
+A batch can never hold more rows than there are distinct groups (or keys): it is full at
+that size, so small data sets (a few dozen training queries) still yield many batches per pass.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ def unique_batches(
     if not groups:
         raise ValueError("cannot sample batches from an empty data set")
     rng = random.Random(seed)
+    full = min(batch_size, len(set(groups)), len(set(keys)))
     pending: list[int] = []
     while True:
         order = list(range(len(groups)))
@@ -34,7 +37,7 @@ def unique_batches(
             batch.append(i)
             seen_g.add(groups[i])
             seen_k.add(keys[i])
-            if len(batch) == batch_size:
+            if len(batch) == full:
                 yield batch
                 batch, seen_g, seen_k = [], set(), set()
         if batch:
