@@ -427,8 +427,8 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
                      fmt(pm["hv"]), _seeds_text(pm["seeds"])])
     add(markdown_table(header, rows))
     add("")
-    add("Zero-shot intent F1 is a nearest-class-centroid classifier on the frozen trunk (fit on the "
-        "training ORCAS-I queries), so it is a no-training reference, not a trained head.")
+    add("Zero-shot intent F1 is a nearest-class-centroid classifier on the frozen trunk (fit on each "
+        "run's training ORCAS-I queries), so it is a no-training reference, not a trained head.")
     add("")
     add("![Pareto](pareto.png)")
     add("")
@@ -439,7 +439,7 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
     if any(curves.values()):
         add(f"## Serving-weight sweep of {cfg.methods[fm].label}")
         add("")
-        add("One checkpoint per seed and held-out year; only the serving weights change. Entity weight "
+        add("Every checkpoint of every run is swept; only the serving weights change. Entity weight "
             "w_e with w_semantic = 1 - w_e and w_intent = 0 (a slice of the simplex grid); mean ± std "
             f"over {_seeds_text(per_method[fm]['seeds'])}.")
         add("")
@@ -504,7 +504,7 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
     if diag:
         add("## Training diagnostics")
         add("")
-        add("From the trainer's JSONL step logs, all seeds and held-out years: mean cosine between the "
+        add("From the trainer's JSONL step logs, every run of every seed: mean cosine between the "
             "weighted task gradients on the shared parameters, share of steps where it is negative, "
             "share of steps where PCGrad projected the pair (0 without PCGrad), median ratio of the "
             "largest to the smallest task-gradient norm, and the final DWA/static lambdas.")
@@ -535,9 +535,10 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
         trained_on = any((o.get("data_params") or {}).get("mimics") for o in cfg.training["objectives"])
         mimics_note = ("MIMICS pairs are semantic training data, so the MIMICS scores are in-sample"
                        if trained_on else "MIMICS is not used in training here")
-        add(f"Held-out ORCAS-I queries ({p['orcas_heldout']}) and {p['mimics_texts']} MIMICS \"query + "
+        add(f"Each model's held-out ORCAS-I queries ({p['orcas_heldout']} over all folds) and "
+            f"{p['mimics_texts']} MIMICS \"query + "
             f"refinement\" texts of {p['mimics_parents']} parent queries ({mimics_note}), "
-            "embedded by the front method's models (every seed and held-out year) and by the "
+            "embedded by the front method's models (every run of every seed) and by the "
             "zero-shot trunk, clustered by `service.clustering` at each serving-weight setting. Intent "
             "purity leaves HDBSCAN noise out (its share is the noise column); NMI / ARI count noise "
             "points as singletons.")
