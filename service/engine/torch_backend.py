@@ -19,6 +19,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from service.engine._gemv import rows_dot
 from service.engine.base import BackendUnavailable
 from service.engine.chunked import ChunkedBackend
 from service.engine.numpy_backend import blas_limiter
@@ -89,7 +90,7 @@ class TorchBackend(ChunkedBackend):
             widened.copy_(block)
             rows, q = widened.numpy(), q32.numpy()
             if len(q) == 1:
-                np.vecdot(rows, q[0], out=out[0])
+                rows_dot(rows, q[0], out[0])
             else:
                 np.matmul(q, rows.T, out=out)
         return out

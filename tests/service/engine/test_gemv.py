@@ -1,0 +1,31 @@
+"""The batch-1 row-dot kernels agree with a float64 product, contiguous or not."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from service.engine import _gemv
+
+
+@pytest.mark.parametrize("name", [n for n, k in _gemv.KERNELS.items() if k is not None])
+def test_rows_dot_kernels_match_float64(name: str) -> None:
+    rng = np.random.default_rng(7)
+    rows = rng.standard_normal((1000, 37)).astype(np.float32)
+    q = rng.standard_normal(37).astype(np.float32)
+    kernel = _gemv.KERNELS[name]
+    assert kernel is not None
+    want = rows.astype(np.float64) @ q.astype(np.float64)
+    out = np.empty(1000, np.float32)
+    kernel(rows, q, out)
+    np.testing.assert_allclose(out, want, rtol=0, atol=1e-4)
+    strided = np.empty(2000, np.float32)[::2]  # not contiguous: the kernel must still be right
+    kernel(rows[::-1], q, strided)
+    np.testing.assert_allclose(strided, want[::-1], rtol=0, atol=1e-4)
+
+
+def test_the_fastest_available_kernel_is_chosen() -> None:
+    first = next(n for n, k in _gemv.KERNELS.items() if k is not None)
+    assert first == _gemv.KERNEL_NAME
+    pytest.importorskip("faiss")
+    assert _gemv.KERNEL_NAME == "faiss"
