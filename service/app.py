@@ -27,6 +27,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from service.batching import MicroBatcher
 from service.config import Settings, get_settings
 from service.errors import ErrorKind, ServiceError, error_body, kind_for_status
+from service.fastpath import SearchFastPath
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
@@ -160,11 +161,14 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         version="0.1.0",
         summary="Exact multi-subspace kNN with per-request weights (Embedding Subspace Partitioning).",
         lifespan=lifespan,
+        telemetry=None if settings.otel else {"tracing": False, "metrics": False, "logs": False},
     )
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.holder = StateHolder()
     _install_error_handlers(app)
+    # Innermost: valid searches skip FastAPI's per-request machinery; everything else reaches it.
+    app.add_middleware(SearchFastPath)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.include_router(meta.router)

@@ -36,6 +36,11 @@ class Settings(BaseSettings):
     queue_size: int = Field(1024, ge=1, description="queued queries before 429")
     batching: bool = Field(True, description="gather concurrent requests into one engine call")
     max_cluster_keywords: int = Field(2000, ge=1, description="keywords per POST /v1/cluster request")
+    otel: bool = Field(
+        False,
+        description="FastAPI's native OpenTelemetry (to globally configured providers); off by default: "
+        "/metrics is the service's telemetry, and FastAPI checks the providers on every request",
+    )
     max_cluster_jobs: int = Field(1, ge=1, description="clustering requests run at once; more get 429")
 
 

@@ -10,7 +10,12 @@ The registry is injectable so each app (and each test) starts from clean counter
 
 from __future__ import annotations
 
+from typing import Any, TypeVar
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.metrics import MetricWrapperBase
+
+M = TypeVar("M", bound=MetricWrapperBase)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
@@ -83,6 +88,16 @@ class Metrics:
         for result in ("success", "failure"):
             self.registry_reloads.labels(result=result)
             self.bundle_reloads.labels(result=result)
+        self._children: dict[tuple[int, tuple[str, ...]], Any] = {}
+
+    def child(self, metric: M, *values: str) -> M:
+        """``metric.labels(*values)``, cached: the hot path skips prometheus-client's label checks
+        and lock on every request (label values are bounded, so the cache is too)."""
+        key = (id(metric), values)
+        found = self._children.get(key)
+        if found is None:
+            found = self._children[key] = metric.labels(*values)
+        return found
 
 
 #: Every series name the service exposes (histograms as their _bucket/_sum/_count family name).

@@ -69,8 +69,9 @@ class MetricsMiddleware:
             await self.app(scope, receive, send_wrapper)
         finally:
             route = route_template(scope)
-            self.metrics.requests.labels(route=route, status=str(status)).inc()
-            self.metrics.request_duration.labels(route=route).observe(time.perf_counter() - t0)
+            m = self.metrics
+            m.child(m.requests, route, str(status)).inc()
+            m.child(m.request_duration, route).observe(time.perf_counter() - t0)
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:

@@ -8,6 +8,7 @@ tests pass their own to ``create_app(settings)`` or override :func:`app_settings
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -16,6 +17,7 @@ from service.batching import MicroBatcher
 from service.config import Settings
 from service.errors import ErrorKind, ServiceError
 from service.metrics import Metrics
+from service.registry import RegistryWatcher
 from service.state import ServingState, StateHolder
 
 
@@ -49,8 +51,28 @@ async def serving_state(request: Request) -> ServingState:
     return state
 
 
+@dataclass(frozen=True, slots=True)
+class SearchContext:
+    """What ``POST /v1/search`` needs, resolved by one dependency instead of five: FastAPI's
+    dependency solving costs tens of microseconds per dependency on the hottest route."""
+
+    state: ServingState
+    settings: Settings
+    batcher: MicroBatcher
+    metrics: Metrics
+    registry: RegistryWatcher
+
+
+async def search_context(request: Request) -> SearchContext:
+    """The served state (503 when none, as :func:`serving_state`) and the app's singletons."""
+    state = await serving_state(request)
+    app_state = request.app.state
+    return SearchContext(state, app_state.settings, app_state.batcher, app_state.metrics, app_state.registry)
+
+
 SettingsDep = Annotated[Settings, Depends(app_settings)]
 HolderDep = Annotated[StateHolder, Depends(holder)]
 MetricsDep = Annotated[Metrics, Depends(metrics)]
 BatcherDep = Annotated[MicroBatcher, Depends(batcher)]
 StateDep = Annotated[ServingState, Depends(serving_state)]
+SearchContextDep = Annotated[SearchContext, Depends(search_context)]

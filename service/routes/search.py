@@ -7,23 +7,24 @@ layout and scored on that state, even if a hot reload swaps the bundle meanwhile
 from __future__ import annotations
 
 import asyncio
+import functools
 import time
 from typing import Any
 
 import numpy as np
-from fastapi import APIRouter, Request
-from fastapi.responses import JSONResponse
+from fastapi import APIRouter
 
 from service.batching import QueryHits, QueryInput
 from service.errors import ErrorKind, ServiceError
+from service.fastjson import FastJSONResponse, FastJSONRoute
 from service.metrics import Metrics
-from service.routes.deps import BatcherDep, MetricsDep, SettingsDep, StateDep
+from service.routes.deps import SearchContext, SearchContextDep
 from service.schemas import Query, SearchRequest, SearchResponse, error_responses
 from service.state import ServingState
 from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
 
-router = APIRouter(tags=["search"])
+# FastJSONRoute: the body (384 floats per vector query) is parsed by pydantic-core, not json.loads.
+router = APIRouter(tags=["search"], route_class=FastJSONRoute)
 
 #: Responses with more hits than this are built on a worker thread, off the event loop.
 _BUILD_INLINE_MAX_HITS = 4096
@@ -36,6 +37,27 @@ def _invalid(message: str, field: str) -> ServiceError:
 
 def _layout_desc(layout: SubspaceLayout) -> str:
     return ", ".join(f"{n}:{d}" for n, d in zip(layout.names, layout.dims, strict=True))
+
+
+@functools.lru_cache(maxsize=8)
+def _blocks(layout: SubspaceLayout) -> tuple[np.ndarray, np.ndarray]:
+    """``(offsets (K,), dims (K,))`` as arrays, built once per layout, not per query."""
+    return np.asarray(layout.offsets), np.asarray(layout.dims)
+
+
+def _normalize(x: np.ndarray, layout: SubspaceLayout) -> np.ndarray:
+    """Each block of the float64 row ``x`` scaled to unit L2 norm (a zero block stays zero).
+
+    Blocks are first divided by their largest magnitude so squares of huge (finite) inputs
+    cannot overflow; per-block reductions (``reduceat``) instead of a ``(D, K)`` indicator
+    product: this runs once per vector query on the event loop.
+    """
+    offsets, dims = _blocks(layout)
+    peaks = np.maximum.reduceat(np.abs(x), offsets)
+    x = x / np.repeat(np.where(peaks > 0, peaks, 1.0), dims)
+    norms = np.sqrt(np.add.reduceat(x * x, offsets))
+    inv = np.where(norms > 1e-12, 1.0 / np.maximum(norms, 1e-12), 0.0)
+    return x * np.repeat(inv, dims)
 
 
 def query_vector(
@@ -65,12 +87,7 @@ def query_vector(
                 field,
             )
         out = np.asarray(vector, dtype=np.float64)
-    # Scale each block by its largest magnitude first so huge (finite) inputs cannot overflow.
-    for obj in layout:
-        peak = np.abs(out[obj.offset : obj.end]).max()
-        if peak > 0:
-            out[obj.offset : obj.end] /= peak
-    normed = normalize_blocks(out[None, :], layout)[0].astype(np.float32)
+    normed = _normalize(out, layout).astype(np.float32)
     if not np.any(normed):
         raise _invalid(f"{field} is all zero: at least one subspace block must be non-zero", field)
     return normed
@@ -93,38 +110,33 @@ def prepare_queries(queries: list[Query], state: ServingState) -> list[QueryInpu
     return out
 
 
-def _hit(state: ServingState, row: int, score: float, sub: list[float]) -> dict[str, Any]:
-    hit: dict[str, Any] = {
-        "id": state.bundle.ids[row],
-        "score": score,
-        "subspace_scores": dict(zip(state.layout.names, sub, strict=True)),
-    }
-    if state.docs is not None:
-        doc = state.docs[row]
-        for key in _DOC_FIELDS:
-            value = doc.get(key)
-            if isinstance(value, str):
-                hit[key] = value
-    return hit
-
-
 def build_results(state: ServingState, hits: list[QueryHits]) -> list[dict[str, Any]]:
-    return [
-        {
-            "hits": [
-                _hit(state, row, score, sub)
-                for row, score, sub in zip(
-                    h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist(), strict=True
-                )
-            ]
-        }
-        for h in hits
-    ]
+    names = state.layout.names  # a property that builds a tuple: once per request, not per hit
+    ids, docs = state.bundle.ids, state.docs
+    results = []
+    for h in hits:
+        out = []
+        rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
+        for row, score, sub in zip(rows, scores, subs, strict=True):
+            hit: dict[str, Any] = {
+                "id": ids[row],
+                "score": score,
+                "subspace_scores": dict(zip(names, sub, strict=True)),
+            }
+            if docs is not None:
+                doc = docs[row]
+                for key in _DOC_FIELDS:
+                    value = doc.get(key)
+                    if isinstance(value, str):
+                        hit[key] = value
+            out.append(hit)
+        results.append({"hits": out})
+    return results
 
 
 def _observe_weights(metrics: Metrics, layout: SubspaceLayout, block_weights: np.ndarray, n: int) -> None:
     for name, w in zip(layout.names, block_weights.tolist(), strict=True):
-        hist = metrics.weights_requested.labels(subspace=name)
+        hist = metrics.child(metrics.weights_requested, name)
         for _ in range(n):
             hist.observe(w)
 
@@ -135,23 +147,24 @@ def _observe_weights(metrics: Metrics, layout: SubspaceLayout, block_weights: np
     responses=error_responses(413, 422, 429, 503),
     summary="Exact weighted top-k over all subspaces, weights chosen per request",
 )
-async def search(
-    body: SearchRequest,
-    request: Request,
-    *,
-    state: StateDep,
-    settings: SettingsDep,
-    batcher: BatcherDep,
-    metrics: MetricsDep,
-) -> JSONResponse:
+async def search(body: SearchRequest, ctx: SearchContextDep) -> FastJSONResponse:
+    return FastJSONResponse(await run_search(body, ctx))
+
+
+async def run_search(body: SearchRequest, ctx: SearchContext) -> dict[str, Any]:
+    """The search itself, after body validation: the response body as JSON types.
+
+    Shared by the route and by :mod:`service.fastpath`; raises :class:`ServiceError`.
+    """
     started = time.perf_counter()
+    state, settings, metrics = ctx.state, ctx.settings, ctx.metrics
     if len(body.queries) > settings.max_queries:
         raise _invalid(
             f"queries has {len(body.queries)} items; at most {settings.max_queries} per request", "queries"
         )
     if body.k > settings.max_k:
         raise _invalid(f"k must be between 1 and {settings.max_k}, got {body.k}", "k")
-    resolved = request.app.state.registry.current.resolve(
+    resolved = ctx.registry.current.resolve(
         state.layout,
         weights=body.weights,
         operating_point=body.operating_point,
@@ -159,7 +172,7 @@ async def search(
         unit_id=body.unit_id,
     )
     queries = prepare_queries(body.queries, state)
-    hits = await batcher.submit(state, queries, resolved.block_weights, body.k)
+    hits = await ctx.batcher.submit(state, queries, resolved.block_weights, body.k)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
     _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
     exposure = resolved.experiment is not None and resolved.arm is not None and not resolved.excluded
@@ -173,14 +186,12 @@ async def search(
         metrics.experiment_request_duration.labels(experiment=resolved.experiment, arm=resolved.arm).observe(
             time.perf_counter() - started
         )
-    return JSONResponse(
-        {
-            "results": results,
-            "weights_used": resolved.weights_used,
-            "operating_point": resolved.operating_point,
-            "experiment": resolved.experiment,
-            "arm": resolved.arm,
-            "bundle_version": state.version,
-            "backend": state.engine.name,
-        }
-    )
+    return {
+        "results": results,
+        "weights_used": resolved.weights_used,
+        "operating_point": resolved.operating_point,
+        "experiment": resolved.experiment,
+        "arm": resolved.arm,
+        "bundle_version": state.version,
+        "backend": state.engine.name,
+    }
