@@ -1,21 +1,29 @@
 """Loopback HTTP load on the search service, with and without micro-batching; one JSON line.
 
 For each mode (batching on, off) a real server (``esp serve``) is started on a free port; for
-each concurrency level, that many async clients (service/client.py) send one-query vector
+each client and concurrency level, that many closed-loop workers send one-query vector
 searches until ``--requests`` are answered or ``--seconds`` pass. Reported per level:
-throughput (queries/s), p50 and p99 latency, failures, and the ratio to the raw engine
-(in-process ``create_engine``, same backend/threads, no HTTP) at a batch size equal to the
-concurrency, measured while no server runs. The client, the server and the engine share
-this machine's cores, so the ratio is a lower bound for a dedicated server.
+throughput (queries/s), p50 and p99 latency, failures, the mean micro-batch, the server
+process's CPU per request, and the ratio to the raw engine (in-process ``create_engine``,
+same backend/threads, no HTTP) at a batch size equal to the concurrency, measured while no
+server runs. The client, the server and the engine share this machine's cores, so the ratio
+is a lower bound for a dedicated server.
+
+Clients: ``raw`` (default) sends prepared bodies over one keep-alive connection per worker
+and costs tens of microseconds per request, so it measures the server; ``httpx`` is
+service/client.py, whose own CPU (httpx's connection pool: about 10 ms per request at 32
+connections on a shared 2-core machine) then competes with the server for the cores.
 
     python bench/http_load.py                      # synthetic bundle like the demo's (24,884 x 384)
-    python bench/http_load.py --bundle artifacts/demo/bundle --concurrency 1,32
+    python bench/http_load.py --bundle artifacts/demo/bundle --concurrency 1,32 --clients raw,httpx
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import itertools
 import json
 import os
 import socket
@@ -25,11 +33,12 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
 
-from service.client import AsyncESPClient
+from service.client import AsyncESPClient, search_json
 from service.engine import create_engine
 from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout
@@ -98,41 +107,151 @@ def start_server(
     raise RuntimeError("server not ready in 300 s")
 
 
+class RawConnection:
+    """One keep-alive HTTP/1.1 connection on asyncio streams, for measuring the *server*.
+
+    The request bodies are encoded once, before the clock starts, and a response is checked
+    (status 200, one result of ``k`` hits) with one ``json.loads``: tens of microseconds of
+    client CPU per request, where httpx's connection pool spends milliseconds at 32
+    connections (its pool scans every connection per request) on the cores the server needs.
+    """
+
+    def __init__(self, host: str, port: int) -> None:
+        self.host, self.port = host, port
+        self._reader: asyncio.StreamReader | None = None
+        self._writer: asyncio.StreamWriter | None = None
+
+    async def __aenter__(self) -> RawConnection:
+        self._reader, self._writer = await asyncio.open_connection(self.host, self.port)
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        if self._writer is not None:
+            self._writer.close()
+            with contextlib.suppress(OSError):
+                await self._writer.wait_closed()
+
+    @staticmethod
+    def request_bytes(host: str, port: int, path: str, body: bytes) -> bytes:
+        head = (
+            f"POST {path} HTTP/1.1\r\nhost: {host}:{port}\r\n"
+            f"content-type: application/json\r\ncontent-length: {len(body)}\r\n\r\n"
+        )
+        return head.encode() + body
+
+    async def send(self, request: bytes) -> tuple[int, bytes]:
+        """Send a prepared request; ``(status, body)``. The server must send Content-Length."""
+        if self._reader is None or self._writer is None:
+            raise RuntimeError("open the connection with `async with` first")
+        self._writer.write(request)
+        head = await self._reader.readuntil(b"\r\n\r\n")
+        lines = head.decode("latin-1").split("\r\n")
+        status = int(lines[0].split(" ", 2)[1])
+        length = None
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = int(value)
+        if length is None:
+            raise RuntimeError("response without Content-Length")
+        return status, await self._reader.readexactly(length)
+
+
+def check_search(status: int, body: bytes, k: int) -> None:
+    if status != 200:
+        raise RuntimeError(f"HTTP {status}: {body[:200]!r}")
+    results = json.loads(body)["results"]
+    if len(results) != 1 or len(results[0]["hits"]) != k:
+        raise RuntimeError(f"unexpected result shape: {body[:200]!r}")
+
+
 async def load_level(
-    url: str, queries: np.ndarray, *, concurrency: int, requests: int, seconds: float, k: int
+    url: str,
+    queries: np.ndarray,
+    *,
+    concurrency: int,
+    requests: int,
+    seconds: float,
+    k: int,
+    client: str = "raw",
 ) -> dict[str, Any]:
+    """``concurrency`` closed-loop workers, each one request in flight; latency per request.
+
+    ``client="raw"``: one :class:`RawConnection` per worker, bodies pre-encoded (measures the
+    server); ``"httpx"``: the service's :class:`AsyncESPClient` (what a Python caller sees).
+    """
     latencies: list[float] = []
     failures = 0
     sent = 0
-    deadline = time.perf_counter() + seconds
+    deadline = 0.0
+    split = urlsplit(url)
+    host, port = split.hostname or "127.0.0.1", split.port or 80
+    raw = client == "raw"
+    prepared = [
+        RawConnection.request_bytes(host, port, "/v1/search", json.dumps(search_json([q], k=k)).encode())
+        for q in queries
+    ]
 
-    async def worker(c: AsyncESPClient, w: int) -> None:
+    async def send_one(conn: RawConnection | AsyncESPClient, i: int) -> None:
+        if isinstance(conn, RawConnection):
+            check_search(*await conn.send(prepared[i % len(prepared)]), k)
+        else:
+            res = await conn.search([queries[i % len(queries)]], k=k)
+            if len(res.results) != 1 or len(res.results[0].hits) != k:
+                raise RuntimeError("unexpected result shape")
+
+    async def worker(w: int, shared: AsyncESPClient, warmed: asyncio.Semaphore, go: asyncio.Event) -> None:
         nonlocal failures, sent
-        i = w
-        while sent < requests and time.perf_counter() < deadline:
-            sent += 1
-            t0 = time.perf_counter()
+        async with contextlib.AsyncExitStack() as stack:
+            conn = await stack.enter_async_context(RawConnection(host, port)) if raw else shared
             try:
-                await c.search([queries[i % len(queries)]], k=k)
-                latencies.append(time.perf_counter() - t0)
-            except Exception:
-                failures += 1
-            i += concurrency
+                await send_one(conn, w)  # warm: connection open, first request answered
+            finally:
+                warmed.release()
+            await go.wait()
+            i = w
+            while sent < requests and time.perf_counter() < deadline:
+                sent += 1
+                t0 = time.perf_counter()
+                try:
+                    await send_one(conn, i)
+                    latencies.append(time.perf_counter() - t0)
+                except Exception:
+                    failures += 1
+                    if raw:  # the connection's state is unknown: open a new one
+                        await stack.aclose()
+                        conn = await stack.enter_async_context(RawConnection(host, port))
+                i += concurrency
 
-    async with AsyncESPClient(url, timeout=120, max_connections=concurrency) as c:
-        await asyncio.gather(*(c.search([queries[w]], k=k) for w in range(min(concurrency, 8))))  # warm
+    async with AsyncESPClient(url, timeout=120, max_connections=concurrency) as shared:
+        warmed, go = asyncio.Semaphore(0), asyncio.Event()
+        tasks = [asyncio.create_task(worker(w, shared, warmed, go)) for w in range(concurrency)]
+        for _ in range(concurrency):
+            await warmed.acquire()
+        deadline = time.perf_counter() + seconds
         t0 = time.perf_counter()
-        await asyncio.gather(*(worker(c, w) for w in range(concurrency)))
+        go.set()
+        await asyncio.gather(*tasks)
         elapsed = time.perf_counter() - t0
     lat = np.array(latencies) * 1000
     return {
         "concurrency": concurrency,
+        "client": client,
         "requests": len(latencies),
         "failures": failures,
         "qps": round(len(latencies) / elapsed, 1),
         "p50_ms": round(float(np.percentile(lat, 50)), 2) if len(lat) else None,
         "p99_ms": round(float(np.percentile(lat, 99)), 2) if len(lat) else None,
     }
+
+
+def process_cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` (all threads) from /proc; -1 where there is none."""
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return -1.0
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 def batch_totals(url: str) -> tuple[float, float]:
@@ -172,6 +291,12 @@ def main() -> int:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--modes", default="batching,no_batching")
+    p.add_argument(
+        "--clients",
+        default="raw",
+        help="load clients, comma-separated: raw (prepared bodies on asyncio streams: the server's "
+        "cost) and/or httpx (service/client.py: what a Python caller sees, its own CPU included)",
+    )
     args = p.parse_args()
     levels = [int(c) for c in args.concurrency.split(",")]
 
@@ -187,8 +312,8 @@ def main() -> int:
         for mode in args.modes.split(","):
             proc, url = start_server(bundle, args, mode == "batching", Path(tmp) / f"{mode}.log")
             try:
-                for c in levels:
-                    before = batch_totals(url)
+                for client, c in itertools.product(args.clients.split(","), levels):
+                    before, cpu_before = batch_totals(url), process_cpu_seconds(proc.pid)
                     r = asyncio.run(
                         load_level(
                             url,
@@ -197,13 +322,18 @@ def main() -> int:
                             requests=args.requests,
                             seconds=args.seconds,
                             k=args.k,
+                            client=client,
                         )
                     )
-                    after = batch_totals(url)
+                    after, cpu_after = batch_totals(url), process_cpu_seconds(proc.pid)
                     calls = after[1] - before[1]
+                    served = max(1, r["requests"] + r["failures"])
                     r.update(
                         mode=mode,
                         mean_batch=round((after[0] - before[0]) / calls, 2) if calls else None,
+                        server_cpu_ms_per_request=(
+                            round(1000 * (cpu_after - cpu_before) / served, 3) if cpu_after >= 0 else None
+                        ),
                         engine_qps_at_batch=raw[c],
                         ratio=round(r["qps"] / raw[c], 3),
                     )
