@@ -28,7 +28,7 @@ def _faiss_kernel() -> Kernel | None:
     except ImportError:
         return None
     ptr: Any = faiss.swig_ptr
-    inner_products: Any = faiss.fvec_inner_products_ny
+    inner_products: Any = getattr(faiss, "fvec_inner_products_ny")  # noqa: B009 - untyped swig module
 
     def rows_dot(rows: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
         if not (

@@ -209,6 +209,7 @@ class Backend(ABC):
                 rows, scan = self._scan(scaled32[pending], c)
                 eps = self._scan_rel_error(pending.size) * scale[pending]
                 done = self._complete(rows, scan, kk, c, eps)
+                rows = self._prune(rows, scan, kk, eps)
             if done.any():
                 idx = pending[done]
                 r, s = self._rerank(scaled64[idx], rows[done], kk)
@@ -233,6 +234,20 @@ class Backend(ABC):
             return count >= self.num_docs
         gap_ok = scan[:, c - 1].astype(np.float64) < scan[:, k - 1].astype(np.float64) - 2.0 * eps
         return (count >= self.num_docs) | gap_ok
+
+    @staticmethod
+    def _prune(rows: np.ndarray, scan: np.ndarray, k: int, eps: np.ndarray) -> np.ndarray:
+        """Drop candidates that cannot be in the top ``k``, before the (costly) exact re-rank.
+
+        The ``k`` best candidates all score at least ``s'_(k) - eps``, so the exact ``k``-th
+        score does too; a row with ``s' < s'_(k) - 2 eps`` scores below ``s'_(k) - eps``: out.
+        ``scan`` is sorted descending, so the dropped rows are a tail, cut off where possible.
+        """
+        cut = scan[:, k - 1].astype(np.float64) - 2.0 * eps
+        keep = scan.astype(np.float64) >= cut[:, None]
+        keep[:, :k] = True
+        width = max(k, int(keep.sum(axis=1).max()))
+        return np.where(keep, rows, -1)[:, :width]
 
     def _rerank(self, scaled64: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Float64 scores of candidate ``rows`` ``(nq, m)`` (``-1`` = padding); exact top ``k``."""

@@ -97,7 +97,9 @@ class ChunkedBackend(Backend):
             return sel
 
         ranges = self._ranges(chunk)
-        with self._worker_limits():
+        # a single query runs the row-dot kernels (service.engine._gemv), which call no threaded
+        # BLAS: skip the limiter, whose enter/exit costs ~0.3 ms per scan
+        with self._worker_limits() if nq > 1 else nullcontext():
             if len(ranges) == 1:
                 sels = [work(ranges[0])]
             else:
