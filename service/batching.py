@@ -10,6 +10,13 @@ the batch's largest and each job keeps its own first ``k`` (top-k is prefix-stab
 the engine's deterministic tie order). Jobs of different states (a hot reload happened while
 they waited) are scored separately, each on its own state: nothing is dropped, nothing mixes.
 
+The gather window is adaptive: the consumer waits for more jobs only when the recent arrivals
+say one is due within the window (the median gap between the arrivals of the last 100 ms is
+under ``max_wait_ms``). Under load (concurrency 32 on loopback: gaps of tens of microseconds)
+it gathers as configured; one closed-loop caller (one request per round trip) or sparse
+traffic would only pay the window as latency, so their job goes at once. Jobs that queue
+while the worker is busy are always taken together.
+
 The queue is bounded in *queries*: when a request would overflow it, the caller gets 429 with
 ``Retry-After`` instead of a growing queue (DESIGN section 5).
 """
@@ -18,7 +25,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import logging
+import statistics
 import time
 from collections import deque
 from collections.abc import Sequence
@@ -32,6 +41,9 @@ from service.metrics import Metrics
 from service.state import ServingState
 
 log = logging.getLogger(__name__)
+
+_RECENT_SECONDS = 0.1  # arrivals older than this say nothing about the next one
+_RECENT_MAX = 64  # arrival times kept
 
 
 @dataclass(frozen=True)
@@ -155,6 +167,7 @@ class MicroBatcher:
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         self._inflight: list[Job] = []
+        self._arrivals: deque[float] = deque(maxlen=_RECENT_MAX)
         metrics.queue_capacity.set(queue_size)
         metrics.queue_depth.set(0)
 
@@ -186,6 +199,7 @@ class MicroBatcher:
             )
         future: asyncio.Future[list[QueryHits]] = asyncio.get_running_loop().create_future()
         self._queue.append(Job(state, queries, block_weights, k, future))
+        self._arrivals.append(time.monotonic())
         self._depth += n
         self.metrics.queue_depth.set(self._depth)
         self._wakeup.set()
@@ -201,13 +215,21 @@ class MicroBatcher:
             return False
         return True
 
+    def worth_waiting(self, now: float) -> bool:
+        """Whether another job is due within the window: median recent arrival gap < max_wait."""
+        recent = [t for t in self._arrivals if now - t <= _RECENT_SECONDS]
+        if len(recent) < 2:
+            return False
+        return statistics.median(b - a for a, b in itertools.pairwise(recent)) < self.max_wait
+
     async def _take_batch(self) -> list[Job]:
         while not self._queue:
             await self._wait_for_job(None)
         batch = [self._queue.popleft()]
         size = batch[0].size
         if self.gather:
-            deadline = time.monotonic() + self.max_wait
+            now = time.monotonic()
+            deadline = now + (self.max_wait if self.worth_waiting(now) else 0.0)
             while size < self.max_batch:
                 if not self._queue:
                     remaining = deadline - time.monotonic()

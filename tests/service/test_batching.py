@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -189,3 +190,36 @@ def test_stop_answers_queued_jobs_before_closing(tmp_path: Path) -> None:
         assert all(len(r) == 1 for r in results)
 
     asyncio.run(run())
+
+
+def test_the_window_is_used_only_when_recent_arrivals_say_a_job_is_due() -> None:
+    b = _batcher(Metrics(), max_wait_ms=2.0)
+    now = 1000.0
+    assert not b.worth_waiting(now)  # no history: sparse traffic goes at once
+    b._arrivals.extend(now - 0.010 * i for i in range(8, -1, -1))  # one closed-loop caller, 10 ms apart
+    assert not b.worth_waiting(now)
+    b._arrivals.extend(now + 0.0001 * i for i in range(1, 20))  # a burst: 0.1 ms apart
+    assert b.worth_waiting(now + 0.002)
+    assert not b.worth_waiting(now + 1.0)  # all of it is old news
+
+
+def test_a_lone_caller_does_not_wait_and_a_busy_one_gathers(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+    w = np.array([1.0, 1.0])
+
+    async def run(busy: bool) -> None:
+        b = _batcher(Metrics(), max_wait_ms=300.0)
+        await b.start()
+        if busy:  # recent arrivals 1 ms apart: another job is due within the window
+            b._arrivals.extend(time.monotonic() - 0.001 * i for i in range(10, 0, -1))
+        first = asyncio.create_task(b.submit(state, _vectors(1, 1), w, 3))
+        await asyncio.sleep(0.02)
+        second = asyncio.create_task(b.submit(state, _vectors(1, 2), w, 3))
+        await asyncio.gather(first, second)
+        await b.stop()
+
+    asyncio.run(run(busy=False))
+    assert state.engine.calls == [1, 1]  # type: ignore[attr-defined]
+    state.engine.calls.clear()  # type: ignore[attr-defined]
+    asyncio.run(run(busy=True))
+    assert state.engine.calls == [2]  # type: ignore[attr-defined]
