@@ -37,6 +37,8 @@ from urllib.parse import urlsplit
 
 import httpx
 import numpy as np
+from fastapi import FastAPI, Request
+from fastapi.responses import Response
 
 from service.client import AsyncESPClient, search_json
 from service.engine import create_engine
@@ -52,6 +54,83 @@ def synthetic_bundle(root: Path, docs: int, seed: int = 0) -> Path:
     rng = np.random.default_rng(seed)
     emb = normalize_blocks(rng.standard_normal((docs, layout.dim), dtype=np.float32), layout)
     return write_bundle(root / "bundle", layout, emb, [f"doc{i}" for i in range(docs)])
+
+
+_NOOP_BODY = b'{"results":[{"hits":[]}]}'
+
+
+async def noop_asgi(scope: dict[str, Any], receive: Any, send: Any) -> None:
+    """The ceiling: a bare ASGI app that reads the body and answers a constant (``--ceiling``)."""
+    if scope["type"] != "http":
+        return
+    while (await receive()).get("more_body", False):
+        pass
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(_NOOP_BODY)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": _NOOP_BODY})
+
+
+def noop_fastapi() -> FastAPI:
+    """The ceiling with FastAPI: one POST route that reads the body and answers a constant."""
+    app = FastAPI()
+
+    @app.post("/v1/search")
+    async def search(request: Request) -> Response:
+        await request.body()
+        return Response(_NOOP_BODY, media_type="application/json")
+
+    return app
+
+
+async def noop_level(url: str, body: bytes, concurrency: int, seconds: float) -> float:
+    """Requests/s of ``concurrency`` raw connections against a no-op server."""
+    split = urlsplit(url)
+    host, port = split.hostname or "127.0.0.1", split.port or 80
+    request = RawConnection.request_bytes(host, port, "/v1/search", body)
+    done = 0
+    stop = time.perf_counter() + seconds
+
+    async def worker() -> None:
+        nonlocal done
+        async with RawConnection(host, port) as conn:
+            while time.perf_counter() < stop:
+                status, _ = await conn.send(request)
+                if status != 200:
+                    raise RuntimeError(f"no-op server answered {status}")
+                done += 1
+
+    t0 = time.perf_counter()
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return done / (time.perf_counter() - t0)
+
+
+def ceiling(queries: np.ndarray, args: argparse.Namespace, concurrency: int, log: Path) -> dict[str, float]:
+    """Requests/s of no-op servers (uvicorn, same options as ``esp serve``) under the raw client."""
+    body = json.dumps(search_json([queries[0]], k=args.k)).encode()
+    out = {}
+    targets = {"bare_asgi": "bench.http_load:noop_asgi", "fastapi": "bench.http_load:noop_fastapi"}
+    for name, target in targets.items():
+        port = free_port()
+        cmd = [sys.executable, "-m", "uvicorn", target, "--port", str(port), "--log-level", "warning"]
+        cmd += ["--no-access-log", *(["--factory"] if name == "fastapi" else [])]
+        with log.open("wb") as fh:
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            deadline = time.monotonic() + 60
+            while True:
+                try:
+                    httpx.post(f"{url}/v1/search", content=body, timeout=2)
+                    break
+                except httpx.TransportError:
+                    if time.monotonic() > deadline or proc.poll() is not None:
+                        raise RuntimeError(f"no-op server did not start: {log.read_text()[-2000:]}") from None
+                    time.sleep(0.2)
+            out[name] = round(asyncio.run(noop_level(url, body, concurrency, args.seconds)), 1)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    return out
 
 
 def free_port() -> int:
@@ -229,10 +308,10 @@ async def load_level(
         for _ in range(concurrency):
             await warmed.acquire()
         deadline = time.perf_counter() + seconds
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         go.set()
         await asyncio.gather(*tasks)
-        elapsed = time.perf_counter() - t0
+        elapsed, client_cpu = time.perf_counter() - t0, time.process_time() - c0
     lat = np.array(latencies) * 1000
     return {
         "concurrency": concurrency,
@@ -242,6 +321,7 @@ async def load_level(
         "qps": round(len(latencies) / elapsed, 1),
         "p50_ms": round(float(np.percentile(lat, 50)), 2) if len(lat) else None,
         "p99_ms": round(float(np.percentile(lat, 99)), 2) if len(lat) else None,
+        "client_cpu_ms_per_request": round(1000 * client_cpu / max(1, len(latencies) + failures), 3),
     }
 
 
@@ -264,17 +344,21 @@ def batch_totals(url: str) -> tuple[float, float]:
     return values["esp_batch_size_sum"], values["esp_batch_size_count"]
 
 
-def engine_qps(bundle: Path, args: argparse.Namespace, queries: np.ndarray, batch: int) -> float:
+def engine_qps(
+    bundle: Path, args: argparse.Namespace, queries: np.ndarray, batch: int
+) -> tuple[float, float]:
+    """``(queries/s, CPU ms per query)`` of the in-process engine at ``batch`` queries per call."""
     b = read_bundle(bundle, verify_checksums=False)
     engine = create_engine(args.backend, b.embeddings, b.layout, threads=args.threads)
     w = b.layout.default_weights()
     q = queries[:batch]
     engine.search(q, w, args.k)
-    calls, t0 = 0, time.perf_counter()
+    calls, t0, c0 = 0, time.perf_counter(), time.process_time()
     while calls < 3 or (time.perf_counter() - t0 < args.engine_seconds and calls < 2000):
         engine.search(q, w, args.k)
         calls += 1
-    return batch * calls / (time.perf_counter() - t0)
+    cpu_ms = 1000 * (time.process_time() - c0) / (batch * calls)
+    return batch * calls / (time.perf_counter() - t0), cpu_ms
 
 
 def main() -> int:
@@ -292,6 +376,11 @@ def main() -> int:
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--modes", default="batching,no_batching")
     p.add_argument(
+        "--ceiling",
+        action="store_true",
+        help="also measure no-op servers (bare ASGI, one-route FastAPI) at the top concurrency",
+    )
+    p.add_argument(
         "--clients",
         default="raw",
         help="load clients, comma-separated: raw (prepared bodies on asyncio streams: the server's "
@@ -307,7 +396,7 @@ def main() -> int:
         queries = normalize_blocks(
             rng.standard_normal((max(levels) * 4, layout.dim), dtype=np.float32), layout
         )
-        raw = {c: round(engine_qps(bundle, args, queries, c), 1) for c in levels}
+        eng_before = {c: engine_qps(bundle, args, queries, c) for c in levels}
         results: list[dict[str, Any]] = []
         for mode in args.modes.split(","):
             proc, url = start_server(bundle, args, mode == "batching", Path(tmp) / f"{mode}.log")
@@ -334,13 +423,27 @@ def main() -> int:
                         server_cpu_ms_per_request=(
                             round(1000 * (cpu_after - cpu_before) / served, 3) if cpu_after >= 0 else None
                         ),
-                        engine_qps_at_batch=raw[c],
-                        ratio=round(r["qps"] / raw[c], 3),
                     )
                     results.append(r)
             finally:
                 proc.terminate()
                 proc.wait(timeout=30)
+        # Measured again after the servers: on a shared machine the engine's share of the cores
+        # drifts; the ratio uses the mean of both and both are reported.
+        eng_after = {c: engine_qps(bundle, args, queries, c) for c in levels}
+        engine_before = {c: round(eng_before[c][0], 1) for c in levels}
+        engine_after = {c: round(eng_after[c][0], 1) for c in levels}
+        raw = {c: round((eng_before[c][0] + eng_after[c][0]) / 2, 1) for c in levels}
+        engine_cpu = {c: round(min(eng_before[c][1], eng_after[c][1]), 3) for c in levels}
+        for r in results:
+            c = r["concurrency"]
+            r.update(engine_qps_at_batch=raw[c], ratio=round(r["qps"] / raw[c], 3))
+            # CPU-bound view, robust to other load: the engine's CPU per query over the CPU
+            # per query of the whole loop (server process, engine included, plus the client).
+            if r["server_cpu_ms_per_request"] is not None:
+                total = r["server_cpu_ms_per_request"] + r["client_cpu_ms_per_request"]
+                r["cpu_ratio"] = round(engine_cpu[c] / total, 3)
+        top = ceiling(queries, args, max(levels), Path(tmp) / "noop.log") if args.ceiling else None
         n_docs = len(read_bundle(bundle, verify_checksums=False).ids)
     print(
         json.dumps(
@@ -355,7 +458,11 @@ def main() -> int:
                 "max_batch": args.max_batch,
                 "max_wait_ms": args.max_wait_ms,
                 "engine_qps": raw,
+                "engine_qps_before": engine_before,
+                "engine_qps_after": engine_after,
+                "engine_cpu_ms_per_query": engine_cpu,
                 "levels": results,
+                "noop_ceiling_rps": top,
             }
         )
     )
