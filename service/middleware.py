@@ -92,8 +92,10 @@ async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
 class BodyLimitMiddleware:
     """413 for bodies over ``max_bytes``: by ``Content-Length`` up front, else counted as streamed.
 
-    The body (bounded by the limit) is read before the app runs and replayed to it, so a
-    chunked upload that grows past the limit is refused before any handler sees it.
+    Without a Content-Length (a chunked upload) the body, bounded by the limit, is read before
+    the app runs and replayed to it, so an upload that grows past the limit is refused before
+    any handler sees it. With one, the HTTP server delivers exactly that many bytes, so the
+    body streams through untouched.
     """
 
     def __init__(self, app: ASGIApp, max_bytes: int) -> None:
@@ -118,6 +120,9 @@ class BodyLimitMiddleware:
                 too_big = False  # the server rejects a malformed Content-Length itself
             if too_big:
                 await _send_json(send, 413, self._too_large())
+                return
+            if declared.isdigit():  # the HTTP server delivers exactly Content-Length bytes: no counting
+                await self.app(scope, receive, send)
                 return
         buffered: list[Message] = []
         total = 0
