@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from typing import Any
 
 import numpy as np
 import pytest
@@ -13,22 +14,25 @@ from subspace.layout import SubspaceLayout
 from tests.service.conftest import LiveServer
 
 
+def _call(body: Any) -> _Call[Any]:
+    return _Call("POST", "/v1/search", lambda r: r.json(), json=body)
+
+
 def test_json_bodies_are_the_stdlib_json() -> None:
-    body = search_json(
-        [np.linspace(-1, 1, 6), "é text", {"entity": [1.0, 2.0]}], k=3, weights={"a": np.float64(0.5)}
-    )
-    args = _request_args(_Call("POST", "/v1/search", json.loads, json=body))
+    queries: list[Any] = [np.linspace(-1, 1, 6), "é text", {"entity": [1.0, 2.0]}]
+    body = search_json(queries, k=3, weights={"a": np.float64(0.5)})
+    args = _request_args(_call(body))
     assert json.loads(args["content"]) == json.loads(json.dumps(body))
     assert args["headers"]["content-type"] == "application/json"
 
 
 def test_non_finite_weights_are_sent_as_the_stdlib_writes_them() -> None:
-    args = _request_args(_Call("POST", "/v1/search", json.loads, json={"weights": [math.nan, math.inf]}))
+    args = _request_args(_call({"weights": [math.nan, math.inf]}))
     assert args["content"] == b'{"weights":[NaN,Infinity]}'
 
 
 def test_what_pydantic_core_cannot_encode_goes_to_httpx_and_fails_as_before() -> None:
-    args = _request_args(_Call("POST", "/v1/search", json.loads, json={"weights": [np.float32(1.0)]}))
+    args = _request_args(_call({"weights": [np.float32(1.0)]}))
     assert "content" not in args
     assert args["json"] == {"weights": [np.float32(1.0)]}
 
