@@ -37,6 +37,11 @@ def blas_limiter(threads: int) -> AbstractContextManager[Any]:
 class NumpyBackend(ChunkedBackend):
     name: ClassVar[str] = "numpy"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16")
+    # batches in this range copy each float32 chunk into a per-worker buffer before the product:
+    # OpenBLAS then packs it from cache instead of from DRAM (engine searches, 400k rows, 2 threads,
+    # on a 2-core AMD machine: 10-20% less time at 2, 4, 6, 16 and 64 queries; at 256 the chunk is
+    # 4x larger, outgrows the cache, and the copy costs more than it saves)
+    stage_batches: ClassVar[tuple[int, int]] = (2, 64)
 
     def _load(self, corpus: np.ndarray) -> None:
         precision = self.precision
@@ -58,9 +63,9 @@ class NumpyBackend(ChunkedBackend):
     def _prepare(self, scaled: np.ndarray, lowp_products: bool) -> np.ndarray:
         return np.ascontiguousarray(scaled, dtype=np.float32)
 
-    def _rows(self, start: int, stop: int) -> np.ndarray:
+    def _rows(self, start: int, stop: int, stage: bool = False) -> np.ndarray:
         block = self._data[start:stop]
-        if block.dtype == np.float32:
+        if block.dtype == np.float32 and not stage:
             return block
         scratch = getattr(self._local, "scratch", None)
         if scratch is None or scratch.shape[0] < stop - start:
@@ -70,7 +75,8 @@ class NumpyBackend(ChunkedBackend):
         return widened
 
     def _chunk_scores(self, prepared: np.ndarray, start: int, stop: int, out: np.ndarray) -> np.ndarray:
-        rows = self._rows(start, stop)
+        lo, hi = self.stage_batches
+        rows = self._rows(start, stop, stage=lo <= prepared.shape[0] <= hi)
         if prepared.shape[0] == 1:  # memory-bound: a row-dot kernel streams faster than sgemv here
             rows_dot(rows, prepared[0], out[0])
         else:
