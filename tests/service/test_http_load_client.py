@@ -14,16 +14,21 @@ from subspace.scoring import normalize_blocks
 from tests.service.conftest import LiveServer
 
 
-@pytest.mark.parametrize("client", ["raw", "httpx"])
-def test_load_level_serves_every_request(served: LiveServer, served_layout: SubspaceLayout, client: str) -> None:
+@pytest.mark.parametrize(("client", "per_request"), [("raw", 1), ("raw", 3), ("httpx", 1), ("httpx", 2)])
+def test_load_level_serves_every_request(
+    served: LiveServer, served_layout: SubspaceLayout, client: str, per_request: int
+) -> None:
     rng = np.random.default_rng(0)
     queries = normalize_blocks(rng.standard_normal((8, served_layout.dim)).astype(np.float32), served_layout)
     r = asyncio.run(
-        load_level(served.url, queries, concurrency=3, requests=12, seconds=30, k=5, client=client)
+        load_level(
+            served.url, queries, concurrency=3, requests=12, seconds=30, k=5, client=client, per_request=per_request
+        )
     )
     assert r["failures"] == 0
     assert r["requests"] == 12
     assert r["client"] == client
+    assert r["queries_per_request"] == per_request
 
 
 def test_raw_connection_returns_status_and_body(served: LiveServer, served_layout: SubspaceLayout) -> None:
@@ -45,3 +50,5 @@ def test_raw_connection_returns_status_and_body(served: LiveServer, served_layou
         check_search(s2, b2, 4)
     with pytest.raises(RuntimeError, match="result shape"):
         check_search(s1, b1, 5)
+    with pytest.raises(RuntimeError, match="result shape"):
+        check_search(s1, b1, 4, n=2)
