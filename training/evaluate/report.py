@@ -337,7 +337,8 @@ def _clustering_plot(path: Path, clustering: Mapping[str, Any]) -> None:
                               ("mimics", "ari", "MIMICS: ARI vs parent query")):
         lines: dict[str, list[float]] = {}
         for c in sorted({k[2] for k in agg}):
-            lines[c] = [float(np.mean(agg.get((ds, metric, c, s), [math.nan]))) for s in settings]
+            finite = [[v for v in agg.get((ds, metric, c, s), []) if math.isfinite(v)] for s in settings]
+            lines[c] = [float(np.mean(v)) if v else math.nan for v in finite]  # as the table: NaN left out
         series[title] = lines
     plots.clustering_plot(path, settings, series,
                           title="keyword clustering vs serving weights (front method)")
