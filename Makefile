@@ -9,7 +9,8 @@ STAMP  := $(VENV)/.installed-stamp
 # Re-installs only when requirements.txt or pyproject.toml changed since the last install.
 $(STAMP): requirements.txt pyproject.toml
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --no-compile -r requirements.txt  # no .pyc up front: 80 s instead of 164 s here; the first start compiles what it imports (~10 s)
+	@# --no-compile: no .pyc up front (80 s instead of 164 s here); the first start compiles what it imports
+	$(PY) -m pip install -q --no-compile -r requirements.txt
 	$(PY) -m pip install -q --no-deps --no-build-isolation -e .
 	@touch $(STAMP)
 
