@@ -85,7 +85,7 @@ def validation_error_body(errors: Sequence[Any]) -> dict[str, Any]:
 def _install_error_handlers(app: FastAPI) -> None:
     async def service_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, ServiceError)
-        return JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
+        return exc.response()
 
     async def request_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)

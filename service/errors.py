@@ -10,6 +10,8 @@ from __future__ import annotations
 from enum import StrEnum
 from typing import Any
 
+from starlette.responses import JSONResponse
+
 
 class ErrorKind(StrEnum):
     VALIDATION = "validation_error"
@@ -62,6 +64,10 @@ class ServiceError(Exception):
 
     def body(self) -> dict[str, Any]:
         return error_body(self.kind, self.message, self.field)
+
+    def response(self) -> JSONResponse:
+        """The HTTP answer: :meth:`body` with the kind's status and any headers (``Retry-After``)."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
 
 
 def kind_for_status(status: int) -> ErrorKind:

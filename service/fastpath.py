@@ -24,7 +24,6 @@ from typing import Any
 
 import pydantic_core
 from pydantic import ValidationError
-from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ServiceError
@@ -104,8 +103,7 @@ class SearchFastPath:
         try:
             result = await run_search(body, ctx)
         except ServiceError as exc:  # as the app's ServiceError handler answers it
-            response = JSONResponse(exc.body(), status_code=exc.status, headers=exc.headers or None)
-            await response(scope, receive, send)
+            await exc.response()(scope, receive, send)
             return
         await _send_json(send, result)
 
