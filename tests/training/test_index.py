@@ -14,28 +14,18 @@ from subspace.cli import main
 from training.data.corpus import CorpusError, read_corpus
 
 
+def _index(bundle: Path, corpus: Path, out: Path, *extra: str) -> int:
+    """``esp index`` through the real CLI entry point, without a progress bar."""
+    return main(["index", "--bundle", str(bundle), "--corpus", str(corpus), "--out", str(out),
+                 "--no-progress", *extra])
+
+
 def test_index_tsv_reproduces_export_vectors(tiny_bundle: Path, tiny_corpus, tmp_path: Path, capsys) -> None:
     ids, texts = tiny_corpus
     corpus = tmp_path / "docs.tsv"
     corpus.write_text("id\ttext\n" + "".join(f"{i}\t{t}\n" for i, t in zip(ids, texts, strict=True)), "utf-8")
     out = tmp_path / "indexed"
-    assert (
-        main(
-            [
-                "index",
-                "--bundle",
-                str(tiny_bundle),
-                "--corpus",
-                str(corpus),
-                "--out",
-                str(out),
-                "--batch-size",
-                "7",
-                "--no-progress",
-            ]
-        )
-        == 0
-    )
+    assert _index(tiny_bundle, corpus, out, "--batch-size", "7") == 0
     summary = json.loads(capsys.readouterr().out)
     assert summary["documents"] == 60 and summary["skipped_empty"] == 0
     src, new = read_bundle(tiny_bundle), read_bundle(out)
@@ -88,21 +78,7 @@ def test_bad_corpus_names_the_line(tmp_path: Path, name: str, content: bytes, me
 def test_cli_reports_bad_corpus(tiny_bundle: Path, tmp_path: Path, capsys) -> None:
     path = tmp_path / "dup.tsv"
     path.write_text("a\tone\na\ttwo\n", "utf-8")
-    assert (
-        main(
-            [
-                "index",
-                "--bundle",
-                str(tiny_bundle),
-                "--corpus",
-                str(path),
-                "--out",
-                str(tmp_path / "o"),
-                "--no-progress",
-            ]
-        )
-        == 1
-    )
+    assert _index(tiny_bundle, path, tmp_path / "o") == 1
     assert "dup.tsv:2: duplicate id 'a'" in capsys.readouterr().err
     assert not (tmp_path / "o").exists()
     with pytest.raises(CorpusError, match="unknown corpus format"):
