@@ -16,6 +16,7 @@ from collections.abc import Sequence
 #: name -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
     "train": ("training.cli_train", "train the multi-task ESP bi-encoder and export a bundle"),
+    "features": ("training.cli_features", "precompute the frozen-trunk features of a corpus"),
     "index": ("training.cli_index", "embed a corpus file with a bundle's encoder into a new bundle"),
     "bundle-info": ("subspace.cli_bundle_info", "validate a bundle and print its summary"),
     "serve": ("service.cli_serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),

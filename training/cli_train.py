@@ -9,6 +9,8 @@ and the end), config.json, and bundle/ (unless export.enabled is false).
 
 Frozen-trunk features are cached under trunk.features_cache (chunks keyed by a hash of the
 trunk weights, max_length and texts; an interrupted run resumes, runs over the same corpus share it).
+The repository ships the default trunk's features of the TREC DL pool (data/trunk-features, made by
+`esp features`); they are read first when trunk.features_shipped is true and the keys match.
 
 Exit status: 0 when every objective's held-out metric improved over the untrained start,
 3 when one did not (the bundle is still written), 2 for an invalid config.

@@ -43,6 +43,11 @@ class TrunkConfig(_Strict):
     features_cache: str | None = Field(
         default="artifacts/cache/features", description="frozen mode: folder for cached trunk features"
     )
+    features_shipped: bool = Field(
+        default=True,
+        description="frozen mode: first read the precomputed features shipped in <data_dir>/trunk-features "
+        "(used only where the trunk and the texts match them; never written)",
+    )
 
     @field_validator("mode")
     @classmethod

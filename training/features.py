@@ -5,6 +5,10 @@ With a frozen trunk the only expensive step is the transformer forward pass, and
 texts. The cache key is a sha256 over exactly those, so a changed model, ``max_length`` or
 text list never reads a stale entry. Entries are ``<key>.npy`` written atomically (temporary
 file in the same folder, then ``os.replace``) and read with ``allow_pickle=False``.
+
+Read-only folders with entries of the same format are looked up first and never written: the
+repository ships the default trunk's features of the TREC DL pool in ``data/trunk-features``
+(:data:`SHIPPED_DIR`), which turn the demo's cold 12-minute MiniLM pass into a file read.
 """
 
 from __future__ import annotations
@@ -20,7 +24,12 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from training.data import DEFAULT_DATA_DIR
 from training.model import Trunk
+
+#: precomputed features shipped with the repository (see its SOURCE.txt); relative to the data folder
+SHIPPED_SUBDIR = "trunk-features"
+SHIPPED_DIR = DEFAULT_DATA_DIR / SHIPPED_SUBDIR
 
 log = logging.getLogger(__name__)
 
@@ -49,9 +58,10 @@ def texts_digest(texts: Sequence[str]) -> str:
 CHUNK = 2048
 
 
-def _chunk_path(cache_dir: Path, fingerprint: str, texts: Sequence[str]) -> Path:
+def chunk_name(fingerprint: str, texts: Sequence[str]) -> str:
+    """File name of one cached chunk: a hash of the trunk fingerprint and the chunk's texts."""
     key = hashlib.sha256(f"{fingerprint}|{texts_digest(texts)}".encode()).hexdigest()[:32]
-    return cache_dir / f"{key}.npy"
+    return f"{key}.npy"
 
 
 def _load(path: Path, shape: tuple[int, int], desc: str) -> np.ndarray | None:
@@ -97,11 +107,20 @@ def all_cores() -> Iterator[None]:
         torch.set_num_threads(before)
 
 
+def _lookup(dirs: Sequence[Path], name: str, shape: tuple[int, int], desc: str) -> np.ndarray | None:
+    for d in dirs:
+        feats = _load(d / name, shape, desc)
+        if feats is not None:
+            return feats
+    return None
+
+
 def pooled_features(
     trunk: Trunk,
     texts: Sequence[str],
     cache_dir: str | Path | None = None,
     *,
+    readonly: Sequence[str | Path] = (),
     fingerprint: str | None = None,
     batch_size: int = 64,
     desc: str = "trunk features",
@@ -110,19 +129,22 @@ def pooled_features(
 
     The list is cached in consecutive chunks of :data:`CHUNK` texts, each under its own key,
     so an interrupted run resumes where it stopped and runs that share a text list (the same
-    corpus in the same order) share its entries whatever else they embed.
+    corpus in the same order) share its entries whatever else they embed. ``readonly`` folders
+    are searched first (in order) and never written; computed chunks go to ``cache_dir``.
     """
     texts = list(texts)
     n, h = len(texts), trunk.hidden_size
     out = np.zeros((n, h), dtype=np.float32)
     cache = Path(cache_dir) if cache_dir is not None else None
-    fp = (fingerprint or trunk_fingerprint(trunk)) if cache is not None else ""
+    dirs = [Path(d) for d in readonly if Path(d).is_dir()] + ([cache] if cache is not None else [])
+    fp = (fingerprint or trunk_fingerprint(trunk)) if dirs else ""
     todo: list[tuple[int, int, Path | None]] = []
     hits = 0
     for start in range(0, n, CHUNK):
         chunk = texts[start : start + CHUNK]
-        path = _chunk_path(cache, fp, chunk) if cache is not None else None
-        feats = _load(path, (len(chunk), h), desc) if path is not None else None
+        name = chunk_name(fp, chunk) if dirs else ""
+        feats = _lookup(dirs, name, (len(chunk), h), desc)
+        path = cache / name if cache is not None else None
         if feats is None:
             todo.append((start, start + len(chunk), path))
         else:

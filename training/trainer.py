@@ -32,9 +32,10 @@ import torch
 from torch import nn
 
 from training.config import TrainConfig
+from training.data import DEFAULT_DATA_DIR
 from training.data.batching import random_batches, unique_batches
 from training.data.objectives import ClassSet, DataContext, ObjectiveData, PairSet, Split, build_objective
-from training.features import pooled_features, texts_digest, trunk_fingerprint
+from training.features import SHIPPED_SUBDIR, pooled_features, texts_digest, trunk_fingerprint
 from training.heldout import evaluate_heldout
 from training.losses import Loss, TaskOutput, build_loss
 from training.model import ESPModel, Trunk, TrunkMode
@@ -160,6 +161,14 @@ def build_model(
     ).to(config.device)
 
 
+def data_context(config: TrainConfig) -> DataContext:
+    """The lazily loaded data sources and held-out split a config names."""
+    s = config.split
+    split = Split(s.by, s.heldout_year, tuple(s.heldout_folds), s.intent_heldout_fraction, s.intent_folds,
+                  s.intent_fold)
+    return DataContext(Path(config.data_dir) if config.data_dir else None, split, seed=config.seed)
+
+
 def load_corpus(config: TrainConfig, ctx: DataContext) -> tuple[list[str], list[str]]:
     if config.export.corpus == "trec":
         return list(ctx.trec.pids), list(ctx.trec.passages)
@@ -194,13 +203,7 @@ class Trainer:
         if config.threads:
             torch.set_num_threads(config.threads)
         data_dir = Path(config.data_dir) if config.data_dir else None
-        s = config.split
-        self.ctx = DataContext(
-            data_dir,
-            Split(s.by, s.heldout_year, tuple(s.heldout_folds), s.intent_heldout_fraction, s.intent_folds,
-                  s.intent_fold),
-            seed=config.seed,
-        )
+        self.ctx = data_context(config)
         datas = {o.name: build_objective(o.data, self.ctx, **o.data_params) for o in config.objectives}
         intent_cfg = next((o for o in config.objectives if o.data == "intent"), None)
         intent_classes = None
@@ -244,12 +247,16 @@ class Trainer:
             rest = sorted(set().union(*(t.texts() for t in self.tasks)) - corpus_set)
             fp = trunk_fingerprint(self.model.trunk)
             bs = config.trunk.encode_batch_size
+            shipped = []  # precomputed features shipped with the repository (data/trunk-features)
+            if config.trunk.features_shipped:
+                shipped.append((data_dir or DEFAULT_DATA_DIR) / SHIPPED_SUBDIR)
             feats = np.concatenate(
                 [
                     pooled_features(
                         self.model.trunk,
                         self.corpus_texts,
                         cache,
+                        readonly=shipped,
                         fingerprint=fp,
                         batch_size=bs,
                         desc="corpus features",
@@ -258,6 +265,7 @@ class Trainer:
                         self.model.trunk,
                         rest,
                         cache,
+                        readonly=shipped,
                         fingerprint=fp,
                         batch_size=bs,
                         desc="query/training features",

@@ -87,3 +87,21 @@ def test_feature_cache_chunks_are_shared_and_resumable(
     again = features.pooled_features(trunk, [*texts[:4], "other"], tmp_path)
     assert calls == [["other"]]  # the first two chunks came from the cache
     np.testing.assert_array_equal(again[:4], full[:4])
+
+
+def test_readonly_folders_are_read_first_and_never_written(tiny_bert_dir: Path, tmp_path: Path) -> None:
+    from training.features import pooled_features
+    from training.model import Trunk, TrunkMode
+
+    trunk = Trunk.from_pretrained(tiny_bert_dir, max_length=32, mode=TrunkMode.parse("frozen"))
+    shipped, cache = tmp_path / "shipped", tmp_path / "cache"
+    texts = ["cost of concrete", "flea life cycle"]
+    a = pooled_features(trunk, texts, shipped)
+    (entry,) = shipped.iterdir()
+    np.save(entry, a + 1.0)  # marks the shipped entry: a hit returns it
+    got = pooled_features(trunk, texts, cache, readonly=[tmp_path / "missing", shipped])
+    np.testing.assert_array_equal(got, a + 1.0)
+    assert not cache.exists()  # a hit is not copied into the writable cache
+    b = pooled_features(trunk, ["new text"], cache, readonly=[shipped])
+    assert [p.name for p in shipped.iterdir()] == [entry.name]  # misses never go to a read-only folder
+    np.testing.assert_array_equal(np.load(next(cache.iterdir())), b)
