@@ -2,26 +2,12 @@
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
+from subspace.atomic import atomic_write_text
+
 REPO_ROOT = Path(__file__).resolve().parent.parent
-
-
-def write_atomic(path: Path, text: str) -> None:
-    """Write ``text`` to ``path`` via a temp file in the same directory and a rename."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="\n") as f:
-            f.write(text)
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def shown(path: Path) -> str:
@@ -64,7 +50,7 @@ def sync(root: Path, files: Mapping[str, str], pattern: str, *, check: bool, gen
     for rel, text in files.items():
         path = root / rel
         if not path.is_file() or path.read_text(encoding="utf-8") != text:
-            write_atomic(path, text)
+            atomic_write_text(path, text, newline="\n")
     expected = {root / rel for rel in files}
     for path in root.glob(pattern):
         if path.is_file() and path not in expected:

@@ -20,15 +20,14 @@ import argparse
 import csv
 import json
 import logging
-import os
 import sys
-import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from service.clustering import METHODS, ClusteringError, cluster_keywords, cluster_scores, dedupe_keywords
+from subspace.atomic import atomic_open
 
 log = logging.getLogger("esp.cluster")
 
@@ -171,19 +170,13 @@ def resolve_weights(bundle: Any, weights: dict[str, float] | None, operating_poi
 
 
 def write_csv(path: Path, rows: list[dict[str, Any]], extra: str | None = None) -> None:
-    """Write atomically: a temporary sibling renamed into place."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8", newline="") as fh:
-            writer = csv.writer(fh)
-            writer.writerow([*COLUMNS, *([extra] if extra else [])])
-            for r in rows:
-                writer.writerow([_cell(r.get(c)) for c in (*COLUMNS, *([extra] if extra else []))])
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    """Write atomically (:mod:`subspace.atomic`): readers never see a partial CSV."""
+    columns = (*COLUMNS, *([extra] if extra else []))
+    with atomic_open(path, "w", newline="") as fh:
+        writer = csv.writer(fh)
+        writer.writerow(columns)
+        for r in rows:
+            writer.writerow([_cell(r.get(c)) for c in columns])
 
 
 def _cell(value: Any) -> Any:

@@ -28,6 +28,7 @@ from typing import Any
 
 import numpy as np
 
+from subspace.atomic import fsync_dir
 from subspace.layout import LayoutError, SubspaceLayout
 
 FORMAT_VERSION = 1
@@ -104,14 +105,6 @@ def _check_ids(ids: Sequence[Any], n: int, where: str) -> list[str]:
     return list(ids)
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def write_bundle(
     out: str | os.PathLike[str],
     layout: SubspaceLayout,
@@ -171,7 +164,7 @@ def write_bundle(
             **dict(sections or {}),
             "files": files,
         }
-        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=_json_default), "utf-8")
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=json_default), "utf-8")
         for rel in [*files, MANIFEST]:
             with (tmp / rel).open("rb") as fh:
                 os.fsync(fh.fileno())
@@ -183,14 +176,16 @@ def write_bundle(
             shutil.rmtree(trash, ignore_errors=True)
         else:
             os.replace(tmp, out)
-        _fsync_dir(out.parent)
+        fsync_dir(out.parent)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return out
 
 
-def _json_default(obj: Any) -> Any:
+def json_default(obj: Any) -> Any:
+    """``json.dumps(..., default=json_default)``: numpy scalars and arrays as Python numbers and
+    lists, paths as strings; anything else is a ``TypeError`` naming its type."""
     if isinstance(obj, np.generic):
         return obj.item()
     if isinstance(obj, np.ndarray):

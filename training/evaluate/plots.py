@@ -5,13 +5,13 @@ Each function takes plain numbers (no models) and writes one PNG atomically.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from subspace.atomic import atomic_open
 
 _DPI = 110
 
@@ -28,16 +28,12 @@ def _figure(nrows: int = 1, ncols: int = 1, size: tuple[float, float] = (7.0, 5.
 def _save(fig: Any, path: Path) -> Path:
     import matplotlib.pyplot as plt
 
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".png", dir=path.parent)
-    os.close(fd)
     try:
         fig.tight_layout()
-        fig.savefig(tmp, dpi=_DPI)
-        os.replace(tmp, path)
+        with atomic_open(path, "wb") as fh:
+            fig.savefig(fh, format=path.suffix.lstrip(".") or "png", dpi=_DPI)
     finally:
         plt.close(fig)
-        Path(tmp).unlink(missing_ok=True)
     return path
 
 

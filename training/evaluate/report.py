@@ -12,7 +12,6 @@ import json
 import math
 import os
 import platform
-import tempfile
 from collections import defaultdict
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -20,6 +19,8 @@ from typing import Any
 
 import numpy as np
 
+from subspace.atomic import atomic_write_text
+from subspace.bundle import json_default
 from training.evaluate.diagnostics import StepLog, read_log, rolling_mean, summarize
 from training.evaluate.keyword_clustering import ClusterSpec, cluster_scores
 from training.evaluate.metrics import hypervolume_2d, macro_f1, pareto_front
@@ -123,14 +124,6 @@ def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str
     return out
 
 
-def _write_text(path: Path, text: str) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-    with os.fdopen(fd, "w", encoding="utf-8") as fh:
-        fh.write(text)
-    os.replace(tmp, path)
-
-
 def _seeds_text(seeds: Sequence[int | None]) -> str:
     s = [x for x in seeds if x is not None]
     return "deterministic (no training)" if not s else "seeds " + ", ".join(str(x) for x in s)
@@ -228,17 +221,9 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
         "timings": {f"{r.method}/{r.seed}/{r.heldout_year}/fold{r.intent_fold}": r.timings for r in runs},
     }
     results["protocol"]["seeds_done"] = sorted({r.seed for r in runs if r.seed is not None})
-    _write_text(out / RESULTS, json.dumps(results, indent=1, default=_json_default) + "\n")
-    _write_text(out / REPORT, render(ctx, per_method, results, quick=quick))
+    atomic_write_text(out / RESULTS, json.dumps(results, indent=1, default=json_default) + "\n")
+    atomic_write_text(out / REPORT, render(ctx, per_method, results, quick=quick))
     return results
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    raise TypeError(type(o).__name__)
 
 
 def data_conflict(ctx: Context) -> dict[str, float]:

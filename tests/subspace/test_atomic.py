@@ -1,0 +1,130 @@
+"""subspace.atomic: content lands, a failed write leaves the old file byte-identical and no temp file."""
+
+import json
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from subspace.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from subspace.bundle import json_default
+
+OLD = b"old content \x00\xff\n"
+
+
+class BoomError(Exception):
+    pass
+
+
+def _only(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir())
+
+
+def test_text_and_bytes_land_and_parents_are_created(tmp_path: Path) -> None:
+    text = tmp_path / "a" / "b" / "report.md"
+    assert atomic_write_text(text, "héllo\nworld\n") == text
+    assert text.read_bytes() == "héllo\nworld\n".encode()
+    raw = tmp_path / "blob.bin"
+    atomic_write_bytes(raw, OLD)
+    atomic_write_bytes(raw, b"new")
+    assert raw.read_bytes() == b"new"
+    assert _only(tmp_path) == ["a", "blob.bin"]
+    assert _only(text.parent) == ["report.md"]
+
+
+def test_text_newline_and_encoding_are_those_of_open(tmp_path: Path) -> None:
+    path = tmp_path / "t.csv"
+    atomic_write_text(path, "a\nb\n", newline="\r\n")
+    assert path.read_bytes() == b"a\r\nb\r\n"
+    atomic_write_text(path, "é", encoding="latin-1")
+    assert path.read_bytes() == b"\xe9"
+
+
+def test_handle_variants_stream_numpy_and_text(tmp_path: Path) -> None:
+    arr = np.arange(12, dtype=np.float32).reshape(3, 4)
+    with atomic_open(tmp_path / "x.npy", "wb") as fh:
+        np.save(fh, arr, allow_pickle=False)
+    np.testing.assert_array_equal(np.load(tmp_path / "x.npy", allow_pickle=False), arr)
+    with atomic_open(tmp_path / "rows.txt", "w", newline="") as th:
+        th.write("one\r\n")
+        th.write("two\n")
+    assert (tmp_path / "rows.txt").read_bytes() == b"one\r\ntwo\n"
+
+
+def _fail_bytes(path: Path) -> None:
+    atomic_write_bytes(path, "not bytes")  # type: ignore[arg-type]
+
+
+def _fail_text(path: Path) -> None:
+    atomic_write_text(path, "x" * 100_000 + "\u20ac", encoding="ascii")
+
+
+def _fail_handle(path: Path) -> None:
+    """Part of the new content is already on disk in the temp file when the writer fails."""
+    with atomic_open(path, "w") as fh:
+        fh.write("x" * 100_000)
+        fh.flush()
+        raise BoomError("mid-write")
+
+
+@pytest.mark.parametrize(
+    ("write", "error"),
+    [(_fail_bytes, TypeError), (_fail_text, UnicodeEncodeError), (_fail_handle, BoomError)],
+)
+def test_exception_mid_write_keeps_old_file_and_leaves_no_temp(
+    tmp_path: Path, write: Callable[[Path], None], error: type[Exception]
+) -> None:
+    path = tmp_path / "data.json"
+    path.write_bytes(OLD)
+    with pytest.raises(error):
+        write(path)
+    assert path.read_bytes() == OLD
+    assert _only(tmp_path) == ["data.json"]
+
+
+def test_no_target_and_failure_creates_nothing(tmp_path: Path) -> None:
+    def write() -> None:
+        with atomic_open(tmp_path / "new.bin") as fh:
+            fh.write(b"partial")
+            raise BoomError
+
+    with pytest.raises(BoomError):
+        write()
+    assert _only(tmp_path) == []
+
+
+def test_content_is_invisible_until_the_block_exits(tmp_path: Path) -> None:
+    path = tmp_path / "f.txt"
+    path.write_text("before")
+    with atomic_open(path, "w") as fh:
+        fh.write("after")
+        fh.flush()
+        assert path.read_text() == "before"
+        assert len(_only(tmp_path)) == 2  # the target and its temp sibling
+    assert path.read_text() == "after"
+    assert _only(tmp_path) == ["f.txt"]
+
+
+def test_permissions_are_open_defaults_not_mkstemp(tmp_path: Path) -> None:
+    old = os.umask(0o022)
+    try:
+        atomic_write_text(tmp_path / "p.txt", "x")
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE((tmp_path / "p.txt").stat().st_mode) == 0o644
+
+
+def test_bad_mode_names_the_allowed_ones(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"mode: 'a'.*\['wb', 'w'\]"):
+        atomic_open(tmp_path / "x", "a")  # type: ignore[call-overload]
+    assert _only(tmp_path) == []
+
+
+def test_json_default_turns_numpy_and_paths_into_json() -> None:
+    obj = {"i": np.int64(3), "f": np.float32(0.5), "a": np.arange(3), "p": Path("a/b")}
+    assert json.loads(json.dumps(obj, default=json_default)) == {"i": 3, "f": 0.5, "a": [0, 1, 2], "p": "a/b"}
+    with pytest.raises(TypeError, match="set"):
+        json.dumps({"s": {1}}, default=json_default)
