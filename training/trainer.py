@@ -19,7 +19,6 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import random
 import time
 from collections.abc import Callable, Iterator
@@ -31,6 +30,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from subspace.atomic import atomic_write_text
 from training.config import TrainConfig
 from training.data import DEFAULT_DATA_DIR
 from training.data.batching import random_batches, unique_batches
@@ -514,9 +514,7 @@ class Trainer:
 
 
 def _write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(obj, indent=2), encoding="utf-8")
-    os.replace(tmp, path)
+    atomic_write_text(path, json.dumps(obj, indent=2))
 
 
 def train(
