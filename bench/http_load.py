@@ -14,7 +14,14 @@ and costs tens of microseconds per request, so it measures the server; ``httpx``
 service/client.py, whose own CPU (httpx's connection pool: about 10 ms per request at 32
 connections on a shared 2-core machine) then competes with the server for the cores.
 
+With ``--docs`` a list (``--docs 24884,250000,1000000``) the whole measurement runs once per
+synthetic corpus size, each in ``corpora``: the HTTP cost per request is fixed while the
+engine's work per query grows with the corpus, so the ratio climbs with it; ``crossover``
+reports the ratio per size at the goal concurrency and where it first reaches the goal
+(log-linear between the two sizes around it, an estimate from these sizes only).
+
     python bench/http_load.py                      # synthetic bundle like the demo's (24,884 x 384)
+    python bench/http_load.py --docs 24884,250000,1000000 --concurrency 1,32 --modes batching
     python bench/http_load.py --bundle artifacts/demo/bundle --concurrency 1,32 --clients raw,httpx
 """
 
@@ -49,10 +56,16 @@ from subspace.scoring import normalize_blocks
 DEFAULT_DIMS = {"semantic": 256, "entity": 96, "intent": 32}
 
 
-def synthetic_bundle(root: Path, docs: int, seed: int = 0) -> Path:
+def synthetic_bundle(root: Path, docs: int, seed: int = 0, chunk: int = 100_000) -> Path:
+    """A random block-normalised ``docs x 384`` bundle; drawn in chunks, so 1M rows need ~1.5 GB."""
     layout = SubspaceLayout.from_dims(DEFAULT_DIMS)
     rng = np.random.default_rng(seed)
-    emb = normalize_blocks(rng.standard_normal((docs, layout.dim), dtype=np.float32), layout)
+    emb = np.empty((docs, layout.dim), dtype=np.float32)
+    for start in range(0, docs, chunk):
+        stop = min(docs, start + chunk)
+        emb[start:stop] = normalize_blocks(
+            rng.standard_normal((stop - start, layout.dim), dtype=np.float32), layout
+        )
     return write_bundle(root / "bundle", layout, emb, [f"doc{i}" for i in range(docs)])
 
 
@@ -365,11 +378,133 @@ def engine_qps(
     return batch * calls / (time.perf_counter() - t0), cpu_ms
 
 
-def main() -> int:
+def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tmp: Path) -> dict[str, Any]:
+    """Engine q/s at each level's batch, then every mode x client x level over HTTP, on one bundle."""
+    b = read_bundle(bundle, verify_checksums=False)
+    layout, n_docs = b.layout, len(b.ids)
+    del b
+    rng = np.random.default_rng(1)
+    n_queries = max(levels) * max(4, args.queries_per_request)
+    queries = normalize_blocks(rng.standard_normal((n_queries, layout.dim), dtype=np.float32), layout)
+    # The raw engine at the batch a full micro-batch would hold: concurrency x queries per request.
+    batch_of = {c: c * args.queries_per_request for c in levels}
+    eng_before = {c: engine_qps(bundle, args, queries, batch_of[c]) for c in levels}
+    results: list[dict[str, Any]] = []
+    for mode in args.modes.split(","):
+        proc, url = start_server(bundle, args, mode == "batching", tmp / f"{mode}.log")
+        try:
+            for client, c in itertools.product(args.clients.split(","), levels):
+                before, cpu_before = batch_totals(url), process_cpu_seconds(proc.pid)
+                r = asyncio.run(
+                    load_level(
+                        url,
+                        queries,
+                        concurrency=c,
+                        requests=args.requests,
+                        seconds=args.seconds,
+                        k=args.k,
+                        client=client,
+                        per_request=args.queries_per_request,
+                    )
+                )
+                after, cpu_after = batch_totals(url), process_cpu_seconds(proc.pid)
+                calls = after[1] - before[1]
+                served = max(1, r["requests"] + r["failures"])
+                r.update(
+                    mode=mode,
+                    mean_batch=round((after[0] - before[0]) / calls, 2) if calls else None,
+                    server_cpu_ms_per_request=(
+                        round(1000 * (cpu_after - cpu_before) / served, 3) if cpu_after >= 0 else None
+                    ),
+                )
+                results.append(r)
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+    # Measured again after the servers: on a shared machine the engine's share of the cores
+    # drifts; the ratio uses the mean of both and both are reported.
+    eng_after = {c: engine_qps(bundle, args, queries, batch_of[c]) for c in levels}
+    raw = {c: round((eng_before[c][0] + eng_after[c][0]) / 2, 1) for c in levels}
+    engine_cpu = {c: round(min(eng_before[c][1], eng_after[c][1]), 3) for c in levels}
+    for r in results:
+        c = r["concurrency"]
+        r.update(engine_qps_at_batch=raw[c], ratio=round(r["qps"] / raw[c], 3))
+        # CPU-bound view, robust to other load: the engine's CPU per query over the CPU
+        # per query of the whole loop (server process, engine included, plus the client).
+        if r["server_cpu_ms_per_request"] is not None:
+            per_query = r["server_cpu_ms_per_request"] + r["client_cpu_ms_per_request"]
+            total = per_query / args.queries_per_request
+            r["cpu_ratio"] = round(engine_cpu[c] / total, 3)
+    return {
+        "docs": n_docs,
+        "dim": layout.dim,
+        "engine_qps": raw,
+        "engine_qps_before": {c: round(eng_before[c][0], 1) for c in levels},
+        "engine_qps_after": {c: round(eng_after[c][0], 1) for c in levels},
+        "engine_cpu_ms_per_query": engine_cpu,
+        "engine_batch": batch_of,
+        "levels": results,
+        "noop_ceiling_rps": (ceiling(queries, args, max(levels), tmp / "noop.log") if args.ceiling else None),
+    }
+
+
+def crossover(
+    corpora: list[dict[str, Any]], concurrency: int, goal: float, mode: str = "batching", client: str = "raw"
+) -> dict[str, Any]:
+    """Ratio (and CPU ratio) per corpus size at ``concurrency``; the first size reaching ``goal``.
+
+    ``docs_estimate``: where the ratio crosses ``goal``, interpolated linearly in log(docs)
+    between the last size below and the first at or above it; None when no measured size
+    reaches it, the smallest size when all do.
+    """
+    points = []
+    for corpus in sorted(corpora, key=lambda c: c["docs"]):
+        for r in corpus["levels"]:
+            if r["concurrency"] == concurrency and r["mode"] == mode and r["client"] == client:
+                points.append({"docs": corpus["docs"], "ratio": r["ratio"], "cpu_ratio": r.get("cpu_ratio")})
+    estimate: float | None = None
+    for i, p in enumerate(points):
+        if p["ratio"] >= goal:
+            if i == 0:
+                estimate = float(p["docs"])
+            else:
+                lo = points[i - 1]
+                t = (goal - lo["ratio"]) / (p["ratio"] - lo["ratio"])
+                estimate = float(np.exp(np.log(lo["docs"]) + t * (np.log(p["docs"]) - np.log(lo["docs"]))))
+            break
+    return {
+        "goal_ratio": goal,
+        "concurrency": concurrency,
+        "mode": mode,
+        "client": client,
+        "by_docs": points,
+        "docs_estimate": None if estimate is None else round(estimate),
+    }
+
+
+def int_list(text: str) -> list[int]:
+    """``"1,8,32"`` -> ``[1, 8, 32]``; every value a positive integer."""
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated positive integers, got {text!r}"
+        ) from None
+    if not values or any(v <= 0 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated positive integers, got {text!r}")
+    return values
+
+
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--bundle", type=Path, help="bundle to serve (default: a synthetic one)")
-    p.add_argument("--docs", type=int, default=24884, help="synthetic corpus size")
-    p.add_argument("--concurrency", default="1,8,32,128")
+    p.add_argument("--bundle", type=Path, help="bundle to serve (default: synthetic ones, --docs)")
+    p.add_argument(
+        "--docs",
+        type=int_list,
+        default=[24884],
+        help="synthetic corpus size(s), comma-separated: one full measurement per size (default: the demo's)",
+    )
+    p.add_argument("--concurrency", type=int_list, default=[1, 8, 32, 128])
     p.add_argument("--requests", type=int, default=2000, help="max requests per level")
     p.add_argument("--seconds", type=float, default=8.0, help="max seconds per level")
     p.add_argument("--engine-seconds", type=float, default=2.0)
@@ -379,6 +514,13 @@ def main() -> int:
     p.add_argument("--max-batch", type=int, default=64)
     p.add_argument("--max-wait-ms", type=float, default=2.0)
     p.add_argument("--modes", default="batching,no_batching")
+    p.add_argument("--goal-ratio", type=float, default=0.7, help="the crossover's target ratio")
+    p.add_argument(
+        "--goal-concurrency",
+        type=int,
+        default=32,
+        help="the concurrency the crossover is read at (default 32; the top level if 32 is not run)",
+    )
     p.add_argument(
         "--queries-per-request",
         type=int,
@@ -396,87 +538,33 @@ def main() -> int:
         help="load clients, comma-separated: raw (prepared bodies on asyncio streams: the server's "
         "cost) and/or httpx (service/client.py: what a Python caller sees, its own CPU included)",
     )
-    args = p.parse_args()
-    levels = [int(c) for c in args.concurrency.split(",")]
+    args = p.parse_args(argv)
+    levels: list[int] = args.concurrency
+    if args.bundle is not None and p.get_default("docs") != args.docs:
+        p.error("--docs sizes synthetic corpora; it cannot be combined with --bundle")
 
-    with tempfile.TemporaryDirectory(prefix="esp-http-load-") as tmp:
-        bundle = args.bundle or synthetic_bundle(Path(tmp), args.docs)
-        layout = read_bundle(bundle, verify_checksums=False).layout
-        rng = np.random.default_rng(1)
-        n_queries = max(levels) * max(4, args.queries_per_request)
-        queries = normalize_blocks(rng.standard_normal((n_queries, layout.dim), dtype=np.float32), layout)
-        # The raw engine at the batch a full micro-batch would hold: concurrency x queries per request.
-        batch_of = {c: c * args.queries_per_request for c in levels}
-        eng_before = {c: engine_qps(bundle, args, queries, batch_of[c]) for c in levels}
-        results: list[dict[str, Any]] = []
-        for mode in args.modes.split(","):
-            proc, url = start_server(bundle, args, mode == "batching", Path(tmp) / f"{mode}.log")
-            try:
-                for client, c in itertools.product(args.clients.split(","), levels):
-                    before, cpu_before = batch_totals(url), process_cpu_seconds(proc.pid)
-                    r = asyncio.run(
-                        load_level(
-                            url,
-                            queries,
-                            concurrency=c,
-                            requests=args.requests,
-                            seconds=args.seconds,
-                            k=args.k,
-                            client=client,
-                            per_request=args.queries_per_request,
-                        )
-                    )
-                    after, cpu_after = batch_totals(url), process_cpu_seconds(proc.pid)
-                    calls = after[1] - before[1]
-                    served = max(1, r["requests"] + r["failures"])
-                    r.update(
-                        mode=mode,
-                        mean_batch=round((after[0] - before[0]) / calls, 2) if calls else None,
-                        server_cpu_ms_per_request=(
-                            round(1000 * (cpu_after - cpu_before) / served, 3) if cpu_after >= 0 else None
-                        ),
-                    )
-                    results.append(r)
-            finally:
-                proc.terminate()
-                proc.wait(timeout=30)
-        # Measured again after the servers: on a shared machine the engine's share of the cores
-        # drifts; the ratio uses the mean of both and both are reported.
-        eng_after = {c: engine_qps(bundle, args, queries, batch_of[c]) for c in levels}
-        engine_before = {c: round(eng_before[c][0], 1) for c in levels}
-        engine_after = {c: round(eng_after[c][0], 1) for c in levels}
-        raw = {c: round((eng_before[c][0] + eng_after[c][0]) / 2, 1) for c in levels}
-        engine_cpu = {c: round(min(eng_before[c][1], eng_after[c][1]), 3) for c in levels}
-        for r in results:
-            c = r["concurrency"]
-            r.update(engine_qps_at_batch=raw[c], ratio=round(r["qps"] / raw[c], 3))
-            # CPU-bound view, robust to other load: the engine's CPU per query over the CPU
-            # per query of the whole loop (server process, engine included, plus the client).
-            if r["server_cpu_ms_per_request"] is not None:
-                per_query = r["server_cpu_ms_per_request"] + r["client_cpu_ms_per_request"]
-                total = per_query / args.queries_per_request
-                r["cpu_ratio"] = round(engine_cpu[c] / total, 3)
-        top = ceiling(queries, args, max(levels), Path(tmp) / "noop.log") if args.ceiling else None
-        n_docs = len(read_bundle(bundle, verify_checksums=False).ids)
+    corpora: list[dict[str, Any]] = []
+    for docs in [None] if args.bundle is not None else args.docs:
+        with tempfile.TemporaryDirectory(prefix="esp-http-load-") as tmp:
+            bundle = args.bundle if docs is None else synthetic_bundle(Path(tmp), docs)
+            corpora.append(measure_corpus(bundle, args, levels, Path(tmp)))
+    goal_c = args.goal_concurrency if args.goal_concurrency in levels else max(levels)
+    first = corpora[0]
     print(
         json.dumps(
             {
                 "bench": "http_load",
-                "docs": n_docs,
-                "dim": layout.dim,
+                "docs": [c["docs"] for c in corpora],
+                "dim": first["dim"],
                 "k": args.k,
                 "backend": args.backend,
                 "threads": args.threads,
                 "cpus": os.cpu_count(),
                 "max_batch": args.max_batch,
                 "max_wait_ms": args.max_wait_ms,
-                "engine_qps": raw,
-                "engine_qps_before": engine_before,
-                "engine_qps_after": engine_after,
-                "engine_cpu_ms_per_query": engine_cpu,
-                "engine_batch": batch_of,
-                "levels": results,
-                "noop_ceiling_rps": top,
+                "queries_per_request": args.queries_per_request,
+                "crossover": crossover(corpora, goal_c, args.goal_ratio, client=args.clients.split(",")[0]),
+                "corpora": corpora,
             }
         )
     )
