@@ -82,6 +82,11 @@ class SubspaceLayout:
     objectives: tuple[Objective, ...]
     dim: int = -1
     _index: dict[str, int] = field(init=False, repr=False, compare=False)
+    # Built once: the service reads names/dims/offsets on every request.
+    _names: tuple[str, ...] = field(init=False, repr=False, compare=False)
+    _dims: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _offsets: tuple[int, ...] = field(init=False, repr=False, compare=False)
+    _default_weights: tuple[float, ...] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         objectives = tuple(self.objectives)
@@ -118,6 +123,10 @@ class SubspaceLayout:
         if all(obj.default_weight == 0 for obj in objectives):
             raise LayoutError("all default weights are zero: at least one must be > 0")
         object.__setattr__(self, "_index", seen)
+        object.__setattr__(self, "_names", tuple(o.name for o in objectives))
+        object.__setattr__(self, "_dims", tuple(o.dim for o in objectives))
+        object.__setattr__(self, "_offsets", tuple(o.offset for o in objectives))
+        object.__setattr__(self, "_default_weights", tuple(float(o.default_weight) for o in objectives))
 
     # --- construction -------------------------------------------------------------------
     @classmethod
@@ -185,15 +194,15 @@ class SubspaceLayout:
     # --- queries ------------------------------------------------------------------------
     @property
     def names(self) -> tuple[str, ...]:
-        return tuple(o.name for o in self.objectives)
+        return self._names
 
     @property
     def dims(self) -> tuple[int, ...]:
-        return tuple(o.dim for o in self.objectives)
+        return self._dims
 
     @property
     def offsets(self) -> tuple[int, ...]:
-        return tuple(o.offset for o in self.objectives)
+        return self._offsets
 
     def __len__(self) -> int:
         return len(self.objectives)
@@ -220,7 +229,7 @@ class SubspaceLayout:
 
     def default_weights(self) -> np.ndarray:
         """``(K,)`` float64 default weights in layout order."""
-        return np.array([o.default_weight for o in self.objectives], dtype=np.float64)
+        return np.array(self._default_weights, dtype=np.float64)
 
     def block_ids(self) -> np.ndarray:
         """``(D,)`` int: the objective index owning each column."""
