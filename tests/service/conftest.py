@@ -1,36 +1,28 @@
 """Service fixtures: bundles built in the test, and the real server (uvicorn via ``esp serve``).
 
-``start_server(bundle, **settings)`` launches ``python -m subspace.cli serve`` on a free
-loopback port in a subprocess, waits for ``/readyz`` and returns a :class:`LiveServer`
-(``url``, ``log()``, ``stop()``). ``served`` is one session-scoped server on a copy of the
-tiny bundle (encoder + docs) with an admin token and a registry file holding an experiment;
-tests that change what is served start their own.
+``server_factory(bundle, **settings)`` launches ``python -m subspace.cli serve`` on a free
+loopback port in a subprocess (:func:`service.live_server.start_server`), waits for ``/readyz``
+and returns a :class:`LiveServer` (``url``, ``log()``, ``stop()``). ``served`` is one
+session-scoped server on a copy of the tiny bundle (encoder + docs) with an admin token and a
+registry file holding an experiment; tests that change what is served start their own.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import secrets
 import shutil
-import socket
-import subprocess
-import sys
-import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import numpy as np
 import pytest
 
+from service.live_server import LiveServer, start_server
 from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
-
-REPO = Path(__file__).resolve().parents[2]
 
 REGISTRY_DOC: dict[str, Any] = {
     "version": 1,
@@ -50,91 +42,22 @@ REGISTRY_DOC: dict[str, Any] = {
 }
 
 
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-@dataclass
-class LiveServer:
-    url: str
-    proc: subprocess.Popen[bytes]
-    log_path: Path
-    bundle: Path
-    token: str | None
-
-    def log(self) -> str:
-        return self.log_path.read_text(encoding="utf-8", errors="replace")
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(timeout=20)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(timeout=5)
-
-
-def start_server(
-    bundle: Path,
-    workdir: Path,
-    *,
-    token: str | None = None,
-    registry: Path | None = None,
-    ready_timeout: float = 90.0,
-    **settings: Any,
-) -> LiveServer:
-    """Start ``esp serve`` on ``bundle``; ``settings`` become ``ESP_<NAME>`` variables."""
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ESP_")}
-    env.update({"ESP_BACKEND": "numpy", "ESP_THREADS": "1", "PYTHONUNBUFFERED": "1"})
-    env.update({f"ESP_{k.upper()}": str(v) for k, v in settings.items()})
-    if token is not None:
-        env["ESP_ADMIN_TOKEN"] = token
-    if registry is not None:
-        env["ESP_REGISTRY"] = str(registry)
-    workdir.mkdir(parents=True, exist_ok=True)
-    log_path = workdir / f"server-{port}.log"
-    cmd = [
-        sys.executable,
-        "-m",
-        "subspace.cli",
-        "serve",
-        "--bundle",
-        str(bundle),
-        "--host",
-        "127.0.0.1",
-        "--port",
-        str(port),
-        "--log-level",
-        "info",
-    ]
-    with log_path.open("wb") as log:
-        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=REPO)
-    server = LiveServer(f"http://127.0.0.1:{port}", proc, log_path, bundle, token)
-    deadline = time.monotonic() + ready_timeout
-    while True:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited with {proc.returncode}:\n{server.log()[-3000:]}")
-        try:
-            if httpx.get(f"{server.url}/readyz", timeout=2).status_code == 200:
-                return server
-        except httpx.TransportError:
-            pass
-        if time.monotonic() > deadline:
-            server.stop()
-            raise RuntimeError(f"server not ready after {ready_timeout}s:\n{server.log()[-3000:]}")
-        time.sleep(0.1)
+#: What every test server runs with unless a test says otherwise (exact and one thread: stable).
+SERVER_DEFAULTS: dict[str, Any] = {"backend": "numpy", "threads": 1}
 
 
 @pytest.fixture(scope="session")
 def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """``make(bundle, token=..., registry=..., **settings)``: a started server, stopped at the end."""
     started: list[LiveServer] = []
 
-    def make(bundle: Path, **kw: Any) -> LiveServer:
-        server = start_server(bundle, tmp_path_factory.mktemp("server"), **kw)
+    def make(
+        bundle: Path, *, token: str | None = None, registry: Path | None = None, **settings: Any
+    ) -> LiveServer:
+        log_path = tmp_path_factory.mktemp("server") / "server.log"
+        server = start_server(
+            bundle, log_path, settings={**SERVER_DEFAULTS, **settings}, token=token, registry=registry
+        )
         started.append(server)
         return server
 
