@@ -7,7 +7,6 @@ layout and scored on that state, even if a hot reload swaps the bundle meanwhile
 from __future__ import annotations
 
 import asyncio
-import functools
 import time
 from typing import Any
 
@@ -39,31 +38,11 @@ def _layout_desc(layout: SubspaceLayout) -> str:
     return ", ".join(f"{n}:{d}" for n, d in zip(layout.names, layout.dims, strict=True))
 
 
-@functools.lru_cache(maxsize=8)
-def _blocks(layout: SubspaceLayout) -> tuple[np.ndarray, np.ndarray]:
-    """``(offsets (K,), dims (K,))`` as arrays, built once per layout, not per query."""
-    return np.asarray(layout.offsets), np.asarray(layout.dims)
-
-
-def _normalize(x: np.ndarray, layout: SubspaceLayout) -> np.ndarray:
-    """Each block of the float64 row ``x`` scaled to unit L2 norm (a zero block stays zero).
-
-    Blocks are first divided by their largest magnitude so squares of huge (finite) inputs
-    cannot overflow; per-block reductions (``reduceat``) instead of a ``(D, K)`` indicator
-    product: this runs once per vector query on the event loop.
-    """
-    offsets, dims = _blocks(layout)
-    peaks = np.maximum.reduceat(np.abs(x), offsets)
-    x = x / np.repeat(np.where(peaks > 0, peaks, 1.0), dims)
-    norms = np.sqrt(np.add.reduceat(x * x, offsets))
-    inv = np.where(norms > 1e-12, 1.0 / np.maximum(norms, 1e-12), 0.0)
-    return x * np.repeat(inv, dims)
-
-
 def query_vector(
     vector: list[float] | dict[str, list[float]], layout: SubspaceLayout, field: str
 ) -> np.ndarray:
-    """A request vector (full or per subspace) -> ``(D,)`` float32, each block L2-normalised."""
+    """A request vector (full or per subspace) -> ``(D,)`` float64 as sent, checked against the
+    layout and not all zero; the micro-batch normalises each block (``normalize_rows``)."""
     if isinstance(vector, dict):
         out = np.zeros(layout.dim, dtype=np.float64)
         for name, block in vector.items():
@@ -87,10 +66,10 @@ def query_vector(
                 field,
             )
         out = np.asarray(vector, dtype=np.float64)
-    normed = _normalize(out, layout).astype(np.float32)
-    if not np.any(normed):
+    # A finite non-zero block normalises to a non-zero block: checking the raw values suffices.
+    if not out.any():
         raise _invalid(f"{field} is all zero: at least one subspace block must be non-zero", field)
-    return normed
+    return out
 
 
 def prepare_queries(queries: list[Query], state: ServingState) -> list[QueryInput]:
