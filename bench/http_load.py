@@ -33,8 +33,6 @@ import contextlib
 import itertools
 import json
 import os
-import socket
-import subprocess
 import sys
 import tempfile
 import time
@@ -47,8 +45,10 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+from service import live_server
 from service.client import AsyncESPClient, search_json
 from service.engine import create_engine
+from service.live_server import LiveServer
 from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
@@ -123,80 +123,31 @@ def ceiling(queries: np.ndarray, args: argparse.Namespace, concurrency: int, log
     out = {}
     targets = {"bare_asgi": "bench.http_load:noop_asgi", "fastapi": "bench.http_load:noop_fastapi"}
     for name, target in targets.items():
-        port = free_port()
+        port = live_server.free_port()
         cmd = [sys.executable, "-m", "uvicorn", target, "--port", str(port), "--log-level", "warning"]
         cmd += ["--no-access-log", *(["--factory"] if name == "fastapi" else [])]
-        with log.open("wb") as fh:
-            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            deadline = time.monotonic() + 60
-            while True:
-                try:
-                    httpx.post(f"{url}/v1/search", content=body, timeout=2)
-                    break
-                except httpx.TransportError:
-                    if time.monotonic() > deadline or proc.poll() is not None:
-                        raise RuntimeError(f"no-op server did not start: {log.read_text()[-2000:]}") from None
-                    time.sleep(0.2)
+        url = f"http://127.0.0.1:{port}"
+
+        def answers(u: str = url) -> bool:
+            return httpx.post(f"{u}/v1/search", content=body, timeout=2).status_code == 200
+
+        with live_server.spawn(name, cmd, log, url, env=live_server.child_env()) as proc:
+            proc.wait_until(answers, 60, "POST /v1/search == 200", interval=0.2)
             out[name] = round(asyncio.run(noop_level(url, body, concurrency, args.seconds)), 1)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     return out
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def start_server(
-    bundle: Path, args: argparse.Namespace, batching: bool, log: Path
-) -> tuple[subprocess.Popen[bytes], str]:
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("ESP_")}
-    env.update(
-        {
-            "ESP_BACKEND": args.backend,
-            "ESP_MAX_WAIT_MS": str(args.max_wait_ms),
-            "ESP_MAX_BATCH": str(args.max_batch),
-            "ESP_QUEUE_SIZE": "4096",
-        }
-    )
-    if args.threads:
-        env["ESP_THREADS"] = str(args.threads)
-    cmd = [
-        sys.executable,
-        "-m",
-        "subspace.cli",
-        "serve",
-        "--bundle",
-        str(bundle),
-        "--port",
-        str(port),
-        "--log-level",
-        "warning",
-        "--no-access-log",
-    ]
-    if not batching:
-        cmd.append("--no-batching")
-    with log.open("wb") as fh:
-        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT, env=env)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"server exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"{url}/readyz", timeout=2).status_code == 200:
-                return proc, url
-        except httpx.TransportError:
-            pass
-        time.sleep(0.2)
-    proc.kill()
-    raise RuntimeError("server not ready in 300 s")
+def start_server(bundle: Path, args: argparse.Namespace, batching: bool, log: Path) -> LiveServer:
+    """``esp serve`` with this run's backend and batching options, quiet (no access log)."""
+    settings = {
+        "backend": args.backend,
+        "threads": args.threads or None,
+        "max_wait_ms": args.max_wait_ms,
+        "max_batch": args.max_batch,
+        "queue_size": 4096,
+    }
+    flags = ["--log-level", "warning", "--no-access-log", *([] if batching else ["--no-batching"])]
+    return live_server.start_server(bundle, log, settings=settings, args=flags, ready_timeout=300)
 
 
 class RawConnection:
@@ -391,10 +342,10 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
     eng_before = {c: engine_qps(bundle, args, queries, batch_of[c]) for c in levels}
     results: list[dict[str, Any]] = []
     for mode in args.modes.split(","):
-        proc, url = start_server(bundle, args, mode == "batching", tmp / f"{mode}.log")
-        try:
+        with start_server(bundle, args, mode == "batching", tmp / f"{mode}.log") as server:
+            url, pid = server.url, server.proc.pid
             for client, c in itertools.product(args.clients.split(","), levels):
-                before, cpu_before = batch_totals(url), process_cpu_seconds(proc.pid)
+                before, cpu_before = batch_totals(url), process_cpu_seconds(pid)
                 r = asyncio.run(
                     load_level(
                         url,
@@ -407,7 +358,7 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
                         per_request=args.queries_per_request,
                     )
                 )
-                after, cpu_after = batch_totals(url), process_cpu_seconds(proc.pid)
+                after, cpu_after = batch_totals(url), process_cpu_seconds(pid)
                 calls = after[1] - before[1]
                 served = max(1, r["requests"] + r["failures"])
                 r.update(
@@ -418,9 +369,6 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
                     ),
                 )
                 results.append(r)
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
     # Measured again after the servers: on a shared machine the engine's share of the cores
     # drifts; the ratio uses the mean of both and both are reported.
     eng_after = {c: engine_qps(bundle, args, queries, batch_of[c]) for c in levels}
