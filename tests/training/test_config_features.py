@@ -105,3 +105,30 @@ def test_readonly_folders_are_read_first_and_never_written(tiny_bert_dir: Path, 
     b = pooled_features(trunk, ["new text"], cache, readonly=[shipped])
     assert [p.name for p in shipped.iterdir()] == [entry.name]  # misses never go to a read-only folder
     np.testing.assert_array_equal(np.load(next(cache.iterdir())), b)
+
+
+def test_esp_features_writes_a_corpus_then_reuses_it(
+    tiny_bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import json
+
+    from subspace.cli import main
+    from training.features import pooled_features
+    from training.model import Trunk, TrunkMode
+
+    texts = ["cost of concrete", "flea life cycle", "who is robert gray"]
+    corpus = tmp_path / "docs.tsv"
+    corpus.write_text("".join(f"d{i}\t{t}\n" for i, t in enumerate(texts)), "utf-8")
+    monkeypatch.setenv("ESP_TRAIN_TRUNK__PATH", str(tiny_bert_dir))
+    monkeypatch.setenv("ESP_TRAIN_TRUNK__MAX_LENGTH", "32")
+    monkeypatch.setenv("ESP_TRAIN_EXPORT__CORPUS", str(corpus))
+    out = tmp_path / "features"
+    demo = Path(__file__).resolve().parents[2] / "configs" / "demo.yaml"
+    assert main(["features", "--config", str(demo), "--out", str(out)]) == 0
+    assert json.loads(capsys.readouterr().out)["shape"][0] == 3
+    (entry,) = out.glob("*.npy")
+    trunk = Trunk.from_pretrained(tiny_bert_dir, max_length=32, mode=TrunkMode.parse("frozen"))
+    np.testing.assert_allclose(np.load(entry), pooled_features(trunk, texts), atol=1e-6)
+    monkeypatch.setattr(Trunk, "encode", lambda *a, **k: pytest.fail("recomputed a stored chunk"))
+    assert main(["features", "--config", str(demo), "--out", str(out)]) == 0
+    assert main(["features", "--config", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
