@@ -3,8 +3,8 @@
 With a frozen trunk the only expensive step is the transformer forward pass, and its output
 (mean-pooled ``(n, H)`` float32) depends only on the trunk weights, tokenizer settings and the
 texts. The cache key is a sha256 over exactly those, so a changed model, ``max_length`` or
-text list never reads a stale entry. Entries are ``<key>.npy`` written atomically (temporary
-file in the same folder, then ``os.replace``) and read with ``allow_pickle=False``.
+text list never reads a stale entry. Entries are ``<key>.npy`` written atomically
+(:func:`subspace.atomic.atomic_open`) and read with ``allow_pickle=False``.
 
 Read-only folders with entries of the same format are looked up first and never written: the
 repository ships the default trunk's features of the TREC DL pool in ``data/trunk-features``
@@ -16,7 +16,6 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-import tempfile
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -24,6 +23,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from subspace.atomic import atomic_open
 from training.data import DEFAULT_DATA_DIR
 from training.model import Trunk
 
@@ -79,17 +79,8 @@ def _load(path: Path, shape: tuple[int, int], desc: str) -> np.ndarray | None:
 
 
 def _save_atomic(path: Path, feats: np.ndarray) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.", suffix=".npy.tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            np.save(fh, feats, allow_pickle=False)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_open(path, "wb") as fh:
+        np.save(fh, feats, allow_pickle=False)
 
 
 @contextmanager
