@@ -63,8 +63,11 @@ def test_step_log_has_losses_lambdas_norms_and_pairs(frozen_run) -> None:
 def test_metrics_and_bundle(frozen_run) -> None:
     from subspace.bundle import read_bundle
 
-    result, _out = frozen_run
+    result, out = frozen_run
     assert set(result.metrics["start"]) == {"semantic", "entity", "intent"}
+    assert json.loads((out / "metrics.json").read_text()) == json.loads(json.dumps(result.metrics))
+    assert json.loads((out / "config.json").read_text())["architecture"] == "esp"
+    assert not [p.name for p in out.iterdir() if p.name.endswith(".tmp")]
     assert result.metrics["final"]["semantic"]["n"] == 4  # the DL20 queries, held out
     b = read_bundle(result.bundle_path)
     assert b.manifest["training"]["config"]["architecture"] == "esp"
