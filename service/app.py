@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -23,6 +24,7 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import Receive, Scope, Send
 
 from service.batching import MicroBatcher
 from service.config import Settings, get_settings
@@ -148,7 +150,24 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await app.state.registry.stop()
 
 
-def create_app(settings: Settings | None = None) -> FastAPI:
+class ESPApp(FastAPI):
+    """FastAPI, with valid searches answered before its middleware stack (:mod:`service.fastpath`).
+
+    Every request is offered to :attr:`search_fast_path` first (a header check); what it does
+    not take, and what it hands back, runs through the whole app as in plain FastAPI.
+    """
+
+    search_fast_path: SearchFastPath | None = None
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        fast = self.search_fast_path
+        if fast is not None and fast.takes(scope):
+            await fast(scope, receive, send)
+        else:
+            await super().__call__(scope, receive, send)
+
+
+def create_app(settings: Settings | None = None) -> ESPApp:
     """A new app with its own metrics registry; ``settings`` default to :func:`get_settings`."""
     settings = settings if settings is not None else get_settings()
     if settings.max_queries > settings.queue_size:
@@ -156,7 +175,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
             f"max_queries ({settings.max_queries}) must not exceed queue_size ({settings.queue_size}): "
             "a full request could never be queued"
         )
-    app = FastAPI(
+    app = ESPApp(
         title="ESP retrieval",
         version="0.1.0",
         summary="Exact multi-subspace kNN with per-request weights (Embedding Subspace Partitioning).",
@@ -167,8 +186,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.holder = StateHolder()
     _install_error_handlers(app)
-    # Innermost: valid searches skip FastAPI's per-request machinery; everything else reaches it.
-    app.add_middleware(SearchFastPath)
+    if not settings.otel:  # with tracing on, every request takes the traced FastAPI stack
+        app.search_fast_path = SearchFastPath(app, full=functools.partial(FastAPI.__call__, app))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.include_router(meta.router)

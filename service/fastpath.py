@@ -1,29 +1,37 @@
-"""A pure-ASGI fast path for well-formed ``POST /v1/search`` requests.
+"""A pure-ASGI fast path for well-formed ``POST /v1/search`` requests, ahead of FastAPI.
 
-Why: FastAPI's routing, dependency solving and exception layers cost more event-loop CPU per
-request than the route's own work (measured on the 2-core machine under a cheap load
-client: ~1.3 ms of event-loop CPU per search request through FastAPI; a no-op FastAPI POST
-endpoint ~0.35 ms, a bare ASGI app ~0.09 ms), and on two cores that CPU is taken from the
-engine, which is what micro-batching is there to feed.
+Why: FastAPI's routing, dependency solving, exception layers and the middleware stack cost
+more event-loop CPU per request than the route's own work (measured on the 2-core machine
+under a cheap load client: ~1.3 ms of event-loop CPU per search request through FastAPI; a
+no-op FastAPI POST endpoint ~0.35 ms, a bare ASGI app ~0.09 ms), and on two cores that CPU is
+taken from the engine, which is what micro-batching is there to feed.
 
-What: installed as the innermost middleware (inside the metrics and body-limit middleware,
-so both still see every request), it takes a POST to exactly ``/v1/search`` with an
-``application/json`` body, parses it with pydantic-core and validates it against
-:class:`~service.schemas.SearchRequest`. When that succeeds and a bundle is served, it runs
-the route's own :func:`~service.routes.search.run_search` and answers; a
-:class:`ServiceError` from it is answered as the app's handler answers it. Everything else (a
-malformed or invalid body, another content type or method, no bundle yet) is replayed
-unchanged to the FastAPI app, so those statuses and messages, and the OpenAPI schema, come
-from the one declared route exactly as before.
+What: :class:`~service.app.ESPApp` offers every request to :meth:`SearchFastPath.takes`
+first. It takes a POST to exactly ``/v1/search`` with an ``application/json`` body whose
+``Content-Length`` is within ``max_body_bytes``, while no ``dependency_overrides`` are set
+(a test that overrides a dependency must get the declared route, which honours them). It
+parses the body with pydantic-core and validates it against
+:class:`~service.schemas.SearchRequest`; when that succeeds and a bundle is served, it runs
+the route's own :func:`~service.routes.search.run_search`, answers, and counts the request
+in ``esp_requests_total`` / ``esp_request_duration_seconds`` as the metrics middleware
+would. A :class:`ServiceError` is answered as the app's handler answers it; any other
+exception as the app's ``Exception`` handler answers it (then re-raised for the server to
+log, as Starlette's error middleware does). Everything else (a malformed or invalid body,
+another content type, method or path, a chunked or oversized body, no bundle yet) goes to
+the whole FastAPI app with the body replayed unchanged, so those statuses and messages,
+the middleware, and the OpenAPI schema come from the one declared route exactly as before.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import inspect
+import time
 from typing import Any
 
 import pydantic_core
+from fastapi import FastAPI
 from pydantic import ValidationError
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ServiceError
@@ -33,23 +41,6 @@ from service.schemas import SearchRequest
 from service.state import StateHolder
 
 SEARCH_PATH = "/v1/search"
-
-
-@dataclass(frozen=True)
-class _Matched:
-    """Stands in for the matched route in ``scope["route"]``: the metrics read its ``path``."""
-
-    path: str
-
-
-_ROUTE = _Matched(SEARCH_PATH)
-
-
-def _is_json(scope: Scope) -> bool:
-    for name, value in scope.get("headers") or ():
-        if name == b"content-type":
-            return value.split(b";", 1)[0].strip().lower() == b"application/json"
-    return False
 
 
 def _parse(body: bytes) -> SearchRequest | None:
@@ -63,18 +54,33 @@ def _parse(body: bytes) -> SearchRequest | None:
 
 
 class SearchFastPath:
-    """ASGI middleware: answer valid searches directly, replay everything else to ``app``."""
+    """Answers valid searches for ``app``; hands everything else to ``full`` (the whole app)."""
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(self, app: FastAPI, full: ASGIApp) -> None:
         self.app = app
+        self.full = full
+
+    def takes(self, scope: Scope) -> bool:
+        """Whether this request is a candidate: JSON POST to the search path, a declared length
+        within the body limit, and no dependency overrides. Cheap: headers only."""
+        if scope["type"] != "http" or scope["path"] != SEARCH_PATH or scope["method"] != "POST":
+            return False
+        if self.app.dependency_overrides:
+            return False
+        json_body = False
+        length = b""
+        for name, value in scope.get("headers") or ():
+            if name == b"content-type":
+                json_body = value.split(b";", 1)[0].strip().lower() == b"application/json"
+            elif name == b"content-length":
+                length = value
+        # No or a malformed Content-Length (a chunked upload): the body-limit middleware counts it.
+        if not json_body or not length.isdigit():
+            return False
+        return int(length) <= self.app.state.settings.max_body_bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http" or scope["path"] != SEARCH_PATH or scope["method"] != "POST":
-            await self.app(scope, receive, send)
-            return
-        if not _is_json(scope):
-            await self.app(scope, receive, send)
-            return
+        started = time.perf_counter()
         messages: list[Message] = []
         chunks: list[bytes] = []
         while True:
@@ -85,7 +91,7 @@ class SearchFastPath:
             chunks.append(message.get("body", b""))
             if not message.get("more_body", False):
                 break
-        app_state = scope["app"].state
+        app_state = self.app.state
         holder: StateHolder = app_state.holder
         body = _parse(b"".join(chunks)) if messages[-1]["type"] == "http.request" else None
         state = holder.current
@@ -94,18 +100,36 @@ class SearchFastPath:
             async def replay() -> Message:
                 return messages.pop(0) if messages else await receive()
 
-            await self.app(scope, replay, send)
+            await self.full(scope, replay, send)
             return
-        scope["route"] = _ROUTE
-        ctx = SearchContext(
-            state, app_state.settings, app_state.batcher, app_state.metrics, app_state.registry
-        )
+        metrics = app_state.metrics
+        status: int | None = None
+
+        async def answer(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        ctx = SearchContext(state, app_state.settings, app_state.batcher, metrics, app_state.registry)
         try:
-            result = await run_search(body, ctx)
-        except ServiceError as exc:  # as the app's ServiceError handler answers it
-            await exc.response()(scope, receive, send)
-            return
-        await _send_json(send, result)
+            try:
+                result = await run_search(body, ctx)
+            except ServiceError as exc:  # as the app's ServiceError handler answers it
+                await exc.response()(scope, receive, answer)
+                return
+            await _send_json(answer, result)
+        except Exception as exc:
+            handler = self.app.exception_handlers.get(Exception)
+            if status is None and handler is not None:  # as Starlette's ServerErrorMiddleware does
+                response = handler(Request(scope, receive), exc)
+                if inspect.isawaitable(response):
+                    response = await response
+                await response(scope, receive, answer)
+            raise
+        finally:
+            metrics.child(metrics.requests, SEARCH_PATH, str(status or 500)).inc()
+            metrics.child(metrics.request_duration, SEARCH_PATH).observe(time.perf_counter() - started)
 
 
 async def _send_json(send: Send, content: Any) -> None:

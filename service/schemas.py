@@ -122,6 +122,12 @@ class SearchResponse(BaseModel):
     operating_point: str | None = None
     experiment: str | None = None
     arm: str | None = None
+    in_experiment: bool | None = Field(
+        None,
+        description="with an experiment: true when the unit is inside its traffic (an exposure, counted "
+        "per arm); false when it is outside the traffic or the experiment is disabled, and the "
+        "default arm served it. null without an experiment",
+    )
     bundle_version: str
     backend: str
 

@@ -171,6 +171,7 @@ async def run_search(body: SearchRequest, ctx: SearchContext) -> dict[str, Any]:
         "operating_point": resolved.operating_point,
         "experiment": resolved.experiment,
         "arm": resolved.arm,
+        "in_experiment": None if resolved.experiment is None else not resolved.excluded,
         "bundle_version": state.version,
         "backend": state.engine.name,
     }
