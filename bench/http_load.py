@@ -4,10 +4,10 @@ For each mode (batching on, off) a real server (``esp serve``) is started on a f
 each client and concurrency level, that many closed-loop workers send one-query vector
 searches until ``--requests`` are answered or ``--seconds`` pass. Reported per level:
 throughput (queries/s), p50 and p99 latency, failures, the mean micro-batch, the server
-process's CPU per request, and the ratio to the raw engine (in-process ``create_engine``,
-same backend/threads, no HTTP) at a batch size equal to the concurrency, measured while no
-server runs. The client, the server and the engine share this machine's cores, so the ratio
-is a lower bound for a dedicated server.
+process's CPU per request (all threads, and its event-loop thread alone), and the ratio to
+the raw engine (in-process ``create_engine``, same backend/threads, no HTTP) at a batch size
+equal to the concurrency, measured while no server runs. The client, the server and the
+engine share this machine's cores, so the ratio is a lower bound for a dedicated server.
 
 Clients: ``raw`` (default) sends prepared bodies over one keep-alive connection per worker
 and costs tens of microseconds per request, so it measures the server; ``httpx`` is
@@ -293,10 +293,12 @@ async def load_level(
     }
 
 
-def process_cpu_seconds(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` (all threads) from /proc; -1 where there is none."""
+def process_cpu_seconds(pid: int, thread: int | None = None) -> float:
+    """User + system CPU seconds of process ``pid`` (all threads), or of its thread ``thread``
+    only (the main thread's id is ``pid``), from /proc; -1 where there is none."""
+    path = f"/proc/{pid}/stat" if thread is None else f"/proc/{pid}/task/{thread}/stat"
     try:
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        fields = Path(path).read_text().rsplit(")", 1)[1].split()
     except OSError:
         return -1.0
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
@@ -346,6 +348,7 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
             url, pid = server.url, server.proc.pid
             for client, c in itertools.product(args.clients.split(","), levels):
                 before, cpu_before = batch_totals(url), process_cpu_seconds(pid)
+                loop_before = process_cpu_seconds(pid, thread=pid)
                 r = asyncio.run(
                     load_level(
                         url,
@@ -359,6 +362,7 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
                     )
                 )
                 after, cpu_after = batch_totals(url), process_cpu_seconds(pid)
+                loop_after = process_cpu_seconds(pid, thread=pid)
                 calls = after[1] - before[1]
                 served = max(1, r["requests"] + r["failures"])
                 r.update(
@@ -366,6 +370,11 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
                     mean_batch=round((after[0] - before[0]) / calls, 2) if calls else None,
                     server_cpu_ms_per_request=(
                         round(1000 * (cpu_after - cpu_before) / served, 3) if cpu_after >= 0 else None
+                    ),
+                    # The event loop's share (HTTP, parsing, validation, responses; the engine runs
+                    # on other threads): the fixed cost per request the ratio is fighting.
+                    server_loop_cpu_ms_per_request=(
+                        round(1000 * (loop_after - loop_before) / served, 3) if loop_after >= 0 else None
                     ),
                 )
                 results.append(r)

@@ -66,6 +66,7 @@ def test_main_measures_each_corpus_size(capsys: pytest.CaptureFixture[str]) -> N
         assert set(corpus["engine_qps"]) == {"1", "2"}
         assert all(q > 0 for q in corpus["engine_qps"].values())
         assert [(r["concurrency"], r["failures"]) for r in corpus["levels"]] == [(1, 0), (2, 0)]
+        assert all(r["server_loop_cpu_ms_per_request"] >= 0 for r in corpus["levels"])  # the main thread's
         assert all(
             r["ratio"] == round(r["qps"] / corpus["engine_qps"][str(r["concurrency"])], 3)
             for r in corpus["levels"]
