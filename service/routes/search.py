@@ -90,7 +90,7 @@ def prepare_queries(queries: list[Query], state: ServingState) -> list[QueryInpu
 
 
 def build_results(state: ServingState, hits: list[QueryHits]) -> list[dict[str, Any]]:
-    names = state.layout.names  # a property that builds a tuple: once per request, not per hit
+    names = state.layout.names
     ids, docs = state.bundle.ids, state.docs
     results = []
     for h in hits:
