@@ -289,6 +289,7 @@ class Trainer:
         self = cls.__new__(cls)
         self.config, self.model, self.tasks, self.store, self.progress = config, model, tasks, store, progress
         self.timings, self.data_hashes = {}, {}
+        self._groups = None
         names = [t.name for t in tasks]
         self.weighting = build_weighting(config.weighting.name, names, **config.weighting.params)
         self.surgery = build_surgery(config.surgery.name, **config.surgery.params)
