@@ -5,6 +5,7 @@ loopback port in a subprocess (:func:`service.live_server.start_server`), waits 
 and returns a :class:`LiveServer` (``url``, ``log()``, ``stop()``). ``served`` is one
 session-scoped server on a copy of the tiny bundle (encoder + docs) with an admin token and a
 registry file holding an experiment; tests that change what is served start their own.
+``taken`` counts the requests the search fast path answered (``fastpath.run_search`` calls).
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ from typing import Any
 import numpy as np
 import pytest
 
+from service import fastpath
 from service.live_server import LiveServer, start_server
 from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout
@@ -124,3 +126,17 @@ def served(
 @pytest.fixture(scope="session")
 def served_layout(served_bundle: Path) -> SubspaceLayout:
     return read_bundle(served_bundle).layout
+
+
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """One entry per request the fast path answered."""
+    calls: list[int] = []
+    real = fastpath.run_search
+
+    async def counted(*args: Any) -> Any:
+        calls.append(1)
+        return await real(*args)
+
+    monkeypatch.setattr(fastpath, "run_search", counted)
+    return calls

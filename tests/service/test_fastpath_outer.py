@@ -79,20 +79,6 @@ def client(app: ESPApp) -> Iterator[TestClient]:
         yield c
 
 
-@pytest.fixture
-def taken(monkeypatch: pytest.MonkeyPatch) -> list[int]:
-    """One entry per request the fast path answered."""
-    calls: list[int] = []
-    real = fastpath.run_search
-
-    async def counted(*args: Any) -> Any:
-        calls.append(1)
-        return await real(*args)
-
-    monkeypatch.setattr(fastpath, "run_search", counted)
-    return calls
-
-
 def _body(**extra: Any) -> dict[str, Any]:
     return {
         "queries": [{"vector": np.random.default_rng(3).standard_normal(LAYOUT.dim).tolist()}],
