@@ -27,6 +27,7 @@ import numpy as np
 import pydantic_core
 from pydantic import BaseModel
 
+from service.client_transport import AsyncHTTP11Transport, HTTP11Transport
 from service.schemas import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
 
 # httpcore runs `import sniffio` several times per async request; when sniffio is not installed
@@ -153,6 +154,39 @@ def _request_args(call: _Call[Any]) -> dict[str, Any]:
     return args
 
 
+class _Builder:
+    """Builds each call's :class:`httpx.Request` as ``client.build_request`` would, cheaper.
+
+    ``build_request`` parses and merges the URL (twice), the client's query params and headers on
+    every call: ~90 us of the ~260 us httpx spends per request. A call without params, own
+    headers or cookies in the client's jar gets the merged URL from a per-path cache and one
+    prebuilt header set instead; the result is the same request. Anything else takes
+    ``build_request``.
+    """
+
+    def __init__(self, http: httpx.Client | httpx.AsyncClient) -> None:
+        self._http = http
+        self._urls: dict[str, httpx.URL] = {}
+        self._headers: dict[bool, httpx.Headers] = {}
+
+    def __call__(self, call: _Call[Any]) -> httpx.Request:
+        http = self._http
+        args = _request_args(call)
+        if call.params is not None or call.headers or "json" in args or http.cookies:
+            return http.build_request(call.method, call.url, **args)
+        url = self._urls.get(call.url)
+        if url is None:
+            url = self._urls[call.url] = http.build_request(call.method, call.url).url
+        content = args.get("content")
+        headers = self._headers.get(content is not None)
+        if headers is None:
+            headers = self._headers[content is not None] = httpx.Headers(http.headers)
+            headers.update(args["headers"] or {})
+        return httpx.Request(
+            call.method, url, headers=headers, content=content, extensions={"timeout": http.timeout.as_dict()}
+        )
+
+
 def _json(r: httpx.Response) -> Any:
     return r.json()
 
@@ -205,11 +239,14 @@ class ESPClient:
         admin_token: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
+        if transport is None:
+            transport = HTTP11Transport()
         self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
         self._calls = _Calls(admin_token)
+        self._build = _Builder(self._http)
 
     def _do(self, call: _Call[T]) -> T:
-        resp = self._http.request(call.method, call.url, **_request_args(call))
+        resp = self._http.send(self._build(call))
         raise_for_error(resp)
         return call.parse(resp)
 
@@ -275,11 +312,14 @@ class AsyncESPClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
+        if transport is None:
+            transport = AsyncHTTP11Transport(limits)
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
         self._calls = _Calls(admin_token)
+        self._build = _Builder(self._http)
 
     async def _do(self, call: _Call[T]) -> T:
-        resp = await self._http.request(call.method, call.url, **_request_args(call))
+        resp = await self._http.send(self._build(call))
         raise_for_error(resp)
         return call.parse(resp)
 

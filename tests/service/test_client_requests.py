@@ -1,0 +1,132 @@
+"""service/client.py: the requests it builds are httpx's own, its default transport is the lean one,
+and answers (typed results, ESPError) are judged as before, sync and async."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import httpx
+import numpy as np
+import pytest
+
+from service.client import AsyncESPClient, ESPClient, ESPError, _Builder, _Call, _Calls, _request_args
+from service.client_transport import AsyncHTTP11Transport, HTTP11Transport
+
+SEARCH_ANSWER = {
+    "results": [{"hits": [{"id": "d1", "score": 0.5, "subspace_scores": {"a": 0.5}}]}],
+    "weights_used": {"a": 1.0},
+    "bundle_version": "v1",
+    "backend": "numpy",
+}
+
+
+def _calls() -> list[_Call[Any]]:
+    c = _Calls("tok")
+    q = np.linspace(-1, 1, 4, dtype=np.float32)
+    return [
+        c.search(q, k=3, weights={"a": 0.5}),
+        c.search(["text"], operating_point="op"),
+        c.layout(),
+        c.health(),
+        c.assignment("exp", "user 1"),
+        c.reload("some/path"),
+        c.reload(None, token="other"),
+        _Call("POST", "/v1/search", lambda r: r, json={"weights": [np.float32(1.0)]}),
+    ]
+
+
+@pytest.mark.parametrize("index", range(8))
+@pytest.mark.parametrize("base", ["http://h:1", "http://h:1/prefix/"])
+def test_built_requests_equal_httpx_build_request(index: int, base: str) -> None:
+    call = _calls()[index]
+    with httpx.Client(base_url=base, timeout=7) as http:
+        if call.json is not None and "content" not in _request_args(call):
+            with pytest.raises(TypeError):
+                _Builder(http)(call)  # httpx's own encoder refuses numpy scalars, as before
+            return
+        builder = _Builder(http)
+        for _ in range(2):  # the second call comes from the caches
+            ours = builder(call)
+            theirs = http.build_request(call.method, call.url, **_request_args(call))
+            assert (ours.method, ours.url) == (theirs.method, theirs.url)
+            assert ours.headers.raw == theirs.headers.raw
+            assert ours.read() == theirs.read()
+            assert ours.extensions == theirs.extensions
+
+
+def test_cookies_set_by_the_server_are_sent_back() -> None:
+    sent: list[str | None] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(request.headers.get("cookie"))
+        return httpx.Response(200, json=SEARCH_ANSWER, headers={"set-cookie": "sticky=1; Path=/"})
+
+    with ESPClient("http://h:1", transport=httpx.MockTransport(handler)) as c:
+        c.search([1.0, 0.0])
+        c.search([1.0, 0.0])
+    assert sent == [None, "sticky=1"]
+
+
+def test_default_transports_are_the_lean_ones_and_a_given_one_is_used() -> None:
+    with ESPClient("http://h:1") as c:
+        assert isinstance(c._http._transport, HTTP11Transport)
+
+    async def check() -> None:
+        async with AsyncESPClient("http://h:1", max_connections=3) as ac:
+            transport = ac._http._transport
+            assert isinstance(transport, AsyncHTTP11Transport)
+            assert transport._max == 3
+        mock = httpx.MockTransport(lambda r: httpx.Response(200, json=SEARCH_ANSWER))
+        async with AsyncESPClient("http://h:1", transport=mock) as ac:
+            assert ac._http._transport is mock
+            assert (await ac.search([1.0, 0.0])).results[0].hits[0].id == "d1"
+
+    asyncio.run(check())
+
+
+def _overloaded(request: httpx.Request) -> httpx.Response:
+    body = {"type": "overloaded", "message": "queue full", "field": None}
+    return httpx.Response(429, json=body, headers={"retry-after": "2"})
+
+
+def test_errors_are_esp_errors_sync_and_async() -> None:
+    with (
+        ESPClient("http://h:1", transport=httpx.MockTransport(_overloaded)) as c,
+        pytest.raises(ESPError) as err,
+    ):
+        c.search([1.0, 0.0])
+    assert (err.value.status, err.value.type, err.value.retry_after) == (429, "overloaded", 2.0)
+
+    async def go() -> ESPError:
+        async with AsyncESPClient("http://h:1", transport=httpx.MockTransport(_overloaded)) as ac:
+            try:
+                await ac.search([1.0, 0.0])
+            except ESPError as e:
+                return e
+        raise AssertionError("no error")
+
+    aerr = asyncio.run(go())
+    assert (aerr.status, aerr.type, aerr.retry_after) == (429, "overloaded", 2.0)
+
+
+def test_search_body_reaches_the_transport_as_the_api_json() -> None:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(200, json=SEARCH_ANSWER)
+
+    with ESPClient("http://h:1/base", transport=httpx.MockTransport(handler)) as c:
+        res = c.search(np.array([0.5, 0.25], dtype=np.float32), k=4, experiment="e", unit_id="u")
+    assert res.results[0].hits[0].subspace_scores == {"a": 0.5}
+    req = seen[0]
+    assert str(req.url) == "http://h:1/base/v1/search"
+    assert req.headers["content-type"] == "application/json"
+    assert json.loads(req.content) == {
+        "queries": [{"vector": [0.5, 0.25]}],
+        "k": 4,
+        "experiment": "e",
+        "unit_id": "u",
+    }
