@@ -38,7 +38,7 @@ def _timeouts(request: httpx.Request) -> dict[str, float | None]:
     return request.extensions.get("timeout") or {}
 
 
-def _serialize(request: httpx.Request, body: bytes) -> bytes:
+def serialize(request: httpx.Request, body: bytes) -> bytes:
     """The whole request (head + body) as one bytes object: one write, one syscall."""
     parts = [request.method.encode("ascii"), b" ", request.url.raw_path, b" HTTP/1.1\r\n"]
     chunked = False
@@ -54,7 +54,7 @@ def _serialize(request: httpx.Request, body: bytes) -> bytes:
     return b"".join(parts)
 
 
-class _Parser:
+class ResponseParser:
     """Incremental HTTP/1.1 response parser (RFC 9112): head, then a body framed by
     Content-Length, chunked transfer coding, or the connection's end; 1xx answers skipped."""
 
@@ -212,16 +212,16 @@ class _Parser:
 
 # parser state -> step; "" is the head, not yet complete
 _STEPS = {
-    "": _Parser._parse_head,
-    "length": _Parser._length,
-    "close": _Parser._until_close,
-    "chunk-size": _Parser._chunk_size,
-    "chunk-data": _Parser._chunk_data,
-    "trailer": _Parser._trailer,
+    "": ResponseParser._parse_head,
+    "length": ResponseParser._length,
+    "close": ResponseParser._until_close,
+    "chunk-size": ResponseParser._chunk_size,
+    "chunk-data": ResponseParser._chunk_data,
+    "trailer": ResponseParser._trailer,
 }
 
 
-def _origin(url: httpx.URL) -> tuple[str, int]:
+def origin_of(url: httpx.URL) -> tuple[str, int]:
     return url.host, url.port or 80
 
 
@@ -249,8 +249,8 @@ class _AsyncConnection(asyncio.Protocol):
         self.closed = False
         self.idle_since = 0.0
         self.reused = False
-        self._parser: _Parser | None = None
-        self._waiter: asyncio.Future[_Parser] | None = None
+        self._parser: ResponseParser | None = None
+        self._waiter: asyncio.Future[ResponseParser] | None = None
         self._last_rx = 0.0
         self._exc: BaseException | None = None
 
@@ -302,10 +302,10 @@ class _AsyncConnection(asyncio.Protocol):
         fresh = expiry is None or now - self.idle_since < expiry
         return not self.closed and t is not None and not t.is_closing() and fresh
 
-    async def exchange(self, data: bytes, head_only: bool, read_timeout: float | None) -> _Parser:
+    async def exchange(self, data: bytes, head_only: bool, read_timeout: float | None) -> ResponseParser:
         assert self.transport is not None
         loop = asyncio.get_running_loop()
-        parser = self._parser = _Parser(head_only)
+        parser = self._parser = ResponseParser(head_only)
         waiter = self._waiter = loop.create_future()
         self._last_rx = time.monotonic()
         timer = None
@@ -361,10 +361,17 @@ class AsyncHTTP11Transport(httpx.AsyncBaseTransport):
             body = request.content
         except httpx.RequestNotRead:
             body = await request.aread()
-        data = _serialize(request, body)
-        timeouts = _timeouts(request)
-        origin = _origin(request.url)
-        head_only = request.method == "HEAD"
+        data = serialize(request, body)
+        parser = await self.exchange(
+            origin_of(request.url), data, _timeouts(request), request.method == "HEAD"
+        )
+        return parser.response()
+
+    async def exchange(
+        self, origin: tuple[str, int], data: bytes, timeouts: dict[str, float | None], head_only: bool = False
+    ) -> ResponseParser:
+        """Send one serialised request to ``origin`` (host, port) over a pooled connection; the
+        parsed answer. Raises httpx's transport exceptions (without ``.request``)."""
         for attempt in range(2):
             conn = await self._acquire(origin, timeouts)
             parser = None
@@ -376,7 +383,7 @@ class AsyncHTTP11Transport(httpx.AsyncBaseTransport):
                 raise retry.error from None
             finally:
                 self._release(conn, parser is not None and parser.keep_alive)
-            return parser.response()
+            return parser
         raise AssertionError("unreachable")  # pragma: no cover
 
     async def _acquire(self, origin: tuple[str, int], timeouts: dict[str, float | None]) -> _AsyncConnection:
@@ -477,7 +484,7 @@ class _SyncConnection:
     def __init__(self, origin: tuple[str, int], sock: socket.socket) -> None:
         self.origin, self.sock, self.idle_since = origin, sock, 0.0
 
-    def exchange(self, data: bytes, head_only: bool, timeouts: dict[str, float | None]) -> _Parser:
+    def exchange(self, data: bytes, head_only: bool, timeouts: dict[str, float | None]) -> ResponseParser:
         """Raises :class:`_StaleConnectionError` when the connection fails before any response byte."""
         sock = self.sock
         write, read = timeouts.get("write"), timeouts.get("read")
@@ -488,7 +495,7 @@ class _SyncConnection:
             raise httpx.WriteTimeout(f"request not written within {write:g} s") from None
         except OSError as exc:
             raise _StaleConnectionError(httpx.WriteError(str(exc))) from exc
-        parser = _Parser(head_only)
+        parser = ResponseParser(head_only)
         if read != write:
             sock.settimeout(read)
         while True:
@@ -541,10 +548,16 @@ class HTTP11Transport(httpx.BaseTransport):
             body = request.content
         except httpx.RequestNotRead:
             body = request.read()
-        data = _serialize(request, body)
-        timeouts = _timeouts(request)
-        origin = _origin(request.url)
-        head_only = request.method == "HEAD"
+        data = serialize(request, body)
+        return self.exchange(
+            origin_of(request.url), data, _timeouts(request), request.method == "HEAD"
+        ).response()
+
+    def exchange(
+        self, origin: tuple[str, int], data: bytes, timeouts: dict[str, float | None], head_only: bool = False
+    ) -> ResponseParser:
+        """Send one serialised request to ``origin`` (host, port) over a pooled connection; the
+        parsed answer. Raises httpx's transport exceptions (without ``.request``)."""
         for attempt in range(2):
             conn, reused = self._acquire(origin, timeouts)
             parser = None
@@ -556,7 +569,7 @@ class HTTP11Transport(httpx.BaseTransport):
                 raise retry.error from None
             finally:
                 self._release(conn, parser is not None and parser.keep_alive)
-            return parser.response()
+            return parser
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _acquire(

@@ -17,13 +17,13 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from service.client_transport import AsyncHTTP11Transport, HTTP11Transport, _Parser
+from service.client_transport import AsyncHTTP11Transport, HTTP11Transport, ResponseParser
 
 # -- the parser ------------------------------------------------------------------------------------
 
 
-def _parse(raw: bytes, *, head_only: bool = False, piece: int = 0, eof: bool = False) -> _Parser:
-    p = _Parser(head_only)
+def _parse(raw: bytes, *, head_only: bool = False, piece: int = 0, eof: bool = False) -> ResponseParser:
+    p = ResponseParser(head_only)
     pieces = [raw[i : i + piece] for i in range(0, len(raw), piece)] if piece else [raw]
     done = False
     for chunk in pieces:
@@ -108,7 +108,7 @@ def test_malformed_answers_raise_remote_protocol_error(raw: bytes, message: str)
 
 def test_a_cut_answer_is_an_error_and_names_what_is_missing() -> None:
     with pytest.raises(httpx.RemoteProtocolError, match="without sending a response"):
-        _Parser(False).eof()
+        ResponseParser(False).eof()
     with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
         _parse(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhalf", eof=True)
 
@@ -193,8 +193,8 @@ class Scripted:
             conn.close()
 
 
-@pytest.fixture
-def scripted() -> Iterator[Callable[..., Scripted]]:
+def scripted_servers() -> Iterator[Callable[..., Scripted]]:
+    """The ``scripted`` fixture's body: ``make(reply, **options)`` starts a server; all close after."""
     servers: list[Scripted] = []
 
     def make(reply: Reply = lambda n, s: ok(), **kw: object) -> Scripted:
@@ -208,6 +208,11 @@ def scripted() -> Iterator[Callable[..., Scripted]]:
     yield make
     for srv in servers:
         srv.sock.close()
+
+
+@pytest.fixture
+def scripted() -> Iterator[Callable[..., Scripted]]:
+    yield from scripted_servers()
 
 
 def sync_client(srv: Scripted, **kw: object) -> httpx.Client:
