@@ -11,8 +11,10 @@ engine share this machine's cores, so the ratio is a lower bound for a dedicated
 
 Clients: ``raw`` (default) sends prepared bodies over one keep-alive connection per worker
 and costs tens of microseconds per request, so it measures the server; ``httpx`` is
-service/client.py, whose own CPU (httpx's connection pool: about 10 ms per request at 32
-connections on a shared 2-core machine) then competes with the server for the cores.
+service/client.py as a caller uses it (its lean HTTP/1.1 transport: ~0.4 ms of client CPU per
+request at 1 and at 32 connections), whose own CPU competes with the server for the cores;
+``httpx_default`` is the same client on httpx's default transport (httpcore's pool: ~2 ms per
+request at 1 connection, ~8 ms at 32), for comparison.
 
 With ``--docs`` a list (``--docs 24884,250000,1000000``) the whole measurement runs once per
 synthetic corpus size, each in ``corpora``: the HTTP cost per request is fixed while the
@@ -54,6 +56,7 @@ from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 
 DEFAULT_DIMS = {"semantic": 256, "entity": 96, "intent": 32}
+CLIENTS = ("raw", "httpx", "httpx_default")  # load clients (see the module docstring)
 
 
 def synthetic_bundle(root: Path, docs: int, seed: int = 0, chunk: int = 100_000) -> Path:
@@ -155,7 +158,7 @@ class RawConnection:
 
     The request bodies are encoded once, before the clock starts, and a response is checked
     (status 200, one result of ``k`` hits) with one ``json.loads``: tens of microseconds of
-    client CPU per request, where httpx's connection pool spends milliseconds at 32
+    client CPU per request, where httpx's default connection pool spends milliseconds at 32
     connections (its pool scans every connection per request) on the cores the server needs.
     """
 
@@ -223,7 +226,8 @@ async def load_level(
     """``concurrency`` closed-loop workers, each one request in flight; latency per request.
 
     ``client="raw"``: one :class:`RawConnection` per worker, bodies pre-encoded (measures the
-    server); ``"httpx"``: the service's :class:`AsyncESPClient` (what a Python caller sees).
+    server); ``"httpx"``: the service's :class:`AsyncESPClient` (what a Python caller sees);
+    ``"httpx_default"``: that client on httpx's default transport instead of its lean one.
     """
     latencies: list[float] = []
     failures = 0
@@ -269,7 +273,11 @@ async def load_level(
                         conn = await stack.enter_async_context(RawConnection(host, port))
                 i += concurrency
 
-    async with AsyncESPClient(url, timeout=120, max_connections=concurrency) as shared:
+    transport = None
+    if client == "httpx_default":
+        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        transport = httpx.AsyncHTTPTransport(limits=limits)
+    async with AsyncESPClient(url, timeout=120, max_connections=concurrency, transport=transport) as shared:
         warmed, go = asyncio.Semaphore(0), asyncio.Event()
         tasks = [asyncio.create_task(worker(w, shared, warmed, go)) for w in range(concurrency)]
         for _ in range(concurrency):
@@ -493,10 +501,14 @@ def main(argv: list[str] | None = None) -> int:
         "--clients",
         default="raw",
         help="load clients, comma-separated: raw (prepared bodies on asyncio streams: the server's "
-        "cost) and/or httpx (service/client.py: what a Python caller sees, its own CPU included)",
+        "cost), httpx (service/client.py: what a Python caller sees, its own CPU included) and/or "
+        "httpx_default (the same client on httpx's default transport)",
     )
     args = p.parse_args(argv)
     levels: list[int] = args.concurrency
+    unknown = set(args.clients.split(",")) - set(CLIENTS)
+    if unknown:
+        p.error(f"--clients: unknown {sorted(unknown)}; choose from {', '.join(CLIENTS)}")
     if args.bundle is not None and p.get_default("docs") != args.docs:
         p.error("--docs sizes synthetic corpora; it cannot be combined with --bundle")
 
