@@ -251,20 +251,27 @@ class _AsyncConnection(asyncio.Protocol):
         self.reused = False
         self._parser: ResponseParser | None = None
         self._waiter: asyncio.Future[ResponseParser] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        # Read timeout: one timer per connection, not per request. It fires at most every
+        # `read timeout` seconds and re-arms itself from the last activity while a request is in
+        # flight (a timer per request cost ~40 us: a handle, a heap push, a cancel).
         self._last_rx = 0.0
-        self._exc: BaseException | None = None
+        self._read_timeout: float | None = None
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = 0.0
 
     # protocol callbacks
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
         assert isinstance(transport, asyncio.Transport)
         self.transport = transport
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         parser, waiter = self._parser, self._waiter
         if parser is None or waiter is None or waiter.done():
             self.close()  # bytes nobody asked for: the connection's framing is lost
             return
-        self._last_rx = time.monotonic()
+        self._last_rx = self._loop.time()  # type: ignore[union-attr]
         try:
             if parser.feed(data):
                 waiter.set_result(parser)
@@ -304,36 +311,44 @@ class _AsyncConnection(asyncio.Protocol):
 
     async def exchange(self, data: bytes, head_only: bool, read_timeout: float | None) -> ResponseParser:
         assert self.transport is not None
-        loop = asyncio.get_running_loop()
+        assert self._loop is not None
+        loop = self._loop
         parser = self._parser = ResponseParser(head_only)
         waiter = self._waiter = loop.create_future()
-        self._last_rx = time.monotonic()
-        timer = None
-        if read_timeout is not None:
-
-            def check() -> None:  # fires after read_timeout; re-arms while bytes keep coming
-                nonlocal timer
-                left = self._last_rx + read_timeout - time.monotonic()
-                if waiter.done():
-                    return
-                if left > 0:
-                    timer = loop.call_later(left, check)
-                else:
-                    waiter.set_exception(httpx.ReadTimeout(f"no response bytes for {read_timeout:g} s"))
-
-            timer = loop.call_later(read_timeout, check)
+        self._last_rx = now = loop.time()
+        self._read_timeout = read_timeout
+        if read_timeout is not None and (self._timer is None or self._timer_at > now + read_timeout):
+            self._arm(now + read_timeout)
         try:
             self.transport.write(data)
             return await waiter
         finally:
-            if timer is not None:
-                timer.cancel()
             self._parser = self._waiter = None
             if not parser.done:
                 self.close()  # timed out, cancelled or broken: the connection's state is unknown
 
+    def _arm(self, when: float) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer = self._loop.call_at(when, self._on_timer)  # type: ignore[union-attr]
+        self._timer_at = when
+
+    def _on_timer(self) -> None:
+        self._timer = None
+        waiter, timeout = self._waiter, self._read_timeout
+        if waiter is None or waiter.done() or timeout is None:
+            return  # idle: the next request arms it again
+        due = self._last_rx + timeout
+        if due > self._loop.time():  # type: ignore[union-attr]
+            self._arm(due)
+        else:
+            waiter.set_exception(httpx.ReadTimeout(f"no response bytes for {timeout:g} s"))
+
     def close(self) -> None:
         self.closed = True
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
         if self.transport is not None:
             self.transport.close()
 

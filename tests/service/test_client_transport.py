@@ -137,6 +137,7 @@ class Scripted:
     reply: Reply
     delay: float = 0.0  # seconds before each answer
     close_after_answer: bool = False  # close every connection once it answered (idle close)
+    gap: float = 0.0  # send each answer in 4 pieces, this many seconds apart
     seen: list[Seen] = field(default_factory=list)
     connections: int = 0
     live: int = 0
@@ -183,7 +184,13 @@ class Scripted:
                 time.sleep(self.delay)
                 if answer is None:
                     return
-                conn.sendall(answer)
+                if self.gap:
+                    step = -(-len(answer) // 4)
+                    for i in range(0, len(answer), step):
+                        time.sleep(self.gap if i else 0)
+                        conn.sendall(answer[i : i + step])
+                else:
+                    conn.sendall(answer)
                 if self.close_after_answer:
                     return
         except OSError:
@@ -337,6 +344,37 @@ async def test_async_read_timeout_and_the_connection_is_not_reused(scripted: Cal
         r = await c.get("/", timeout=5)  # the late answer to the first request must not be read here
     assert r.text == "2"
     assert srv.connections == 2
+
+
+@pytest.mark.parametrize("transport", ["sync", "async"])
+def test_read_timeout_is_between_bytes_not_for_the_whole_answer(
+    scripted: Callable[..., Scripted], transport: str
+) -> None:
+    """Pieces 0.15 s apart (0.45 s in all) under a 0.3 s read timeout: answered."""
+    srv = scripted(lambda n, s: ok(b"x" * 64), gap=0.15)
+    if transport == "sync":
+        with sync_client(srv, timeout=0.3) as c:
+            assert c.get("/").text == "x" * 64
+
+    async def go() -> str:
+        async with async_client(srv, timeout=0.3) as ac:
+            return (await ac.get("/")).text
+
+    if transport == "async":
+        assert asyncio.run(go()) == "x" * 64
+
+
+@pytest.mark.asyncio
+async def test_async_read_timeout_after_earlier_fast_answers(scripted: Callable[..., Scripted]) -> None:
+    """The connection's timer, armed by the first request, still catches the third one hanging."""
+    srv = scripted(lambda n, s: ok() if n < 3 else b"")  # the third gets no answer
+    async with async_client(srv, timeout=0.3) as c:
+        assert (await c.get("/")).status_code == 200
+        await asyncio.sleep(0.2)
+        assert (await c.get("/")).status_code == 200
+        with pytest.raises(httpx.ReadTimeout):
+            await c.get("/")
+    assert srv.connections == 1
 
 
 def test_connect_refused_is_a_connect_error() -> None:
