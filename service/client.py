@@ -227,9 +227,12 @@ class _Builder:
         """The whole request as bytes for the client's lean transport, byte for byte what httpx
         would send (headers from a request built once by httpx's models, the body's length
         appended); None where httpx must send it: another transport, a proxy, auth, event hooks,
-        cookies, query params, own headers, a body pydantic-core cannot encode, not ``http://``."""
+        cookies, query params, own headers, a body pydantic-core cannot encode, not ``http://``,
+        a closed client (httpx raises)."""
         http = self._http
-        if not self._lean or call.params is not None or call.headers or http.cookies or http.auth is not None:
+        if not self._lean or http.is_closed or call.params is not None or call.headers or http.cookies:
+            return None
+        if http.auth is not None:
             return None
         if http.event_hooks["request"] or http.event_hooks["response"]:
             return None

@@ -222,7 +222,8 @@ _STEPS = {
 
 
 def origin_of(url: httpx.URL) -> tuple[str, int]:
-    return url.host, url.port or 80
+    """(host, port) to connect to; the host IDNA-encoded, as httpx connects."""
+    return url.raw_host.decode("ascii"), url.port or 80
 
 
 def _connect_error(exc: OSError, origin: tuple[str, int]) -> httpx.ConnectError:

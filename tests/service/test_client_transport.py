@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from service.client_transport import AsyncHTTP11Transport, HTTP11Transport, ResponseParser
+from service.client_transport import AsyncHTTP11Transport, HTTP11Transport, ResponseParser, origin_of
 
 # -- the parser ------------------------------------------------------------------------------------
 
@@ -111,6 +111,18 @@ def test_a_cut_answer_is_an_error_and_names_what_is_missing() -> None:
         ResponseParser(False).eof()
     with pytest.raises(httpx.RemoteProtocolError, match="complete message body"):
         _parse(b"HTTP/1.1 200 OK\r\nContent-Length: 9\r\n\r\nhalf", eof=True)
+
+
+@pytest.mark.parametrize(
+    ("url", "origin"),
+    [
+        ("http://bücher.example/x", ("xn--bcher-kva.example", 80)),
+        ("http://[::1]:8080/", ("::1", 8080)),
+        ("http://127.0.0.1:9/", ("127.0.0.1", 9)),
+    ],
+)
+def test_origin_is_what_to_connect_to(url: str, origin: tuple[str, int]) -> None:
+    assert origin_of(httpx.URL(url)) == origin
 
 
 # -- a scripted server ----------------------------------------------------------------------------

@@ -116,3 +116,13 @@ def test_the_wired_path_steps_aside(monkeypatch: pytest.MonkeyPatch) -> None:
         assert c._build.wire(call) is None
     with ESPClient("https://h:1") as c:
         assert c._build.wire(c._calls.search(Q)) is None
+
+
+def test_a_closed_client_refuses_as_httpx_does(scripted: Callable[..., Scripted]) -> None:
+    srv = scripted(lambda n, s: ok(ANSWER))
+    c = ESPClient(srv.url)
+    c.search(Q)
+    c.close()
+    with pytest.raises(RuntimeError, match="client has been closed"):
+        c.search(Q)
+    assert len(srv.seen) == 1
