@@ -10,11 +10,15 @@ else (``https://``) goes to httpx's own transport, so TLS settings work as befor
 
 Semantics kept from httpx: its exceptions (``ConnectError``, ``ConnectTimeout``,
 ``ReadTimeout``, ``PoolTimeout``, ``RemoteProtocolError``, ``ReadError``, ``WriteError``), the
-``timeout`` extension's connect/read/write/pool limits, ``Limits`` (max connections, keep-alive
-expiry), and the raw body handed back for httpx to decode (gzip and the like). A request that
-fails on a *reused* connection before any response byte arrived (the server closed it while it
-was idle) is sent once more on a new connection, as httpcore's pool does when a connection
-turns out to be unavailable.
+``timeout`` extension's connect/read/pool limits (async: the request is written without waiting,
+so its write limit is the read limit's), ``Limits`` (max connections, keep-alive connections and
+expiry), and the raw body handed back for httpx to decode (gzip and the like).
+
+Kept-alive connections the server closed: httpcore polls each idle socket before reusing it.
+Here the event loop reports the close (async), and a request that fails on a *reused*
+connection before any response byte arrived is sent once more on a new connection (both). That
+resends a request the server read and then dropped without answering, as browsers do for a
+reused connection; the service's calls are safe to repeat (search reads, reload is idempotent).
 """
 
 from __future__ import annotations
@@ -61,6 +65,7 @@ class ResponseParser:
     __slots__ = (
         "_left",
         "_mode",
+        "_started",
         "body",
         "buf",
         "done",
@@ -81,14 +86,17 @@ class ResponseParser:
         self.keep_alive = True
         self.done = False
         self._left = 0
+        self._started = False
         self._mode = ""  # "" head pending, "length", "chunk-size", "chunk-data", "trailer", "close"
 
     @property
     def started(self) -> bool:
-        return bool(self.buf) or self.status != 0
+        """Whether any byte of an answer arrived."""
+        return self._started
 
     def feed(self, data: bytes) -> bool:
         """Take bytes off the wire; True once the response is complete."""
+        self._started = True
         self.buf = self.buf + data if self.buf else data
         while not self.done:
             if not self._step():
