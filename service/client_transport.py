@@ -313,10 +313,11 @@ class _AsyncConnection(asyncio.Protocol):
         waiter.set_exception(_StaleConnectionError(err) if self.reused and not parser.started else err)
 
     # request side
-    def usable(self, now: float, expiry: float | None) -> bool:
+    def usable(self, now: float, expiry: float | None, loop: asyncio.AbstractEventLoop) -> bool:
+        """Open, not expired, and on the running loop (a client reused under a new loop)."""
         t = self.transport
         fresh = expiry is None or now - self.idle_since < expiry
-        return not self.closed and t is not None and not t.is_closing() and fresh
+        return not self.closed and t is not None and not t.is_closing() and fresh and self._loop is loop
 
     async def exchange(self, data: bytes, head_only: bool, read_timeout: float | None) -> ResponseParser:
         assert self.transport is not None
@@ -418,7 +419,7 @@ class AsyncHTTP11Transport(httpx.AsyncBaseTransport):
             now = loop.time()
             while idle:
                 conn = idle.pop()
-                if conn.usable(now, self._expiry):
+                if conn.usable(now, self._expiry, loop):
                     conn.reused = True
                     return conn
                 self._drop(conn)
@@ -473,7 +474,8 @@ class AsyncHTTP11Transport(httpx.AsyncBaseTransport):
         self._wake()
 
     def _drop(self, conn: _AsyncConnection) -> None:
-        conn.close()
+        with contextlib.suppress(RuntimeError):  # its event loop may be closed already
+            conn.close()
         self._open -= 1
 
     def _evict_other(self, origin: tuple[str, int]) -> bool:

@@ -11,6 +11,7 @@ import gzip
 import socket
 import threading
 import time
+import warnings
 from collections.abc import AsyncIterator, Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -387,6 +388,23 @@ async def test_async_read_timeout_after_earlier_fast_answers(scripted: Callable[
         with pytest.raises(httpx.ReadTimeout):
             await c.get("/")
     assert srv.connections == 1
+
+
+def test_async_transport_outlives_an_event_loop(scripted: Callable[..., Scripted]) -> None:
+    """A client used under one asyncio.run, then another: the first loop's idle connection is let
+    go (awaiting it under the new loop would fail) and a new one serves the request."""
+    srv = scripted(lambda n, s: ok(b"%d" % n))
+    client = httpx.AsyncClient(base_url=srv.url, transport=AsyncHTTP11Transport())
+
+    async def get() -> str:
+        return (await client.get("/")).text
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ResourceWarning)  # the first loop's transport, left to the GC
+        assert asyncio.run(get()) == "1"
+        assert asyncio.run(get()) == "2"
+        asyncio.run(client.aclose())
+    assert srv.connections == 2
 
 
 def test_connect_refused_is_a_connect_error() -> None:
