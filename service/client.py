@@ -340,7 +340,9 @@ class ESPClient:
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         self._lean = HTTP11Transport() if transport is None else None
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport or self._lean)
+        self._http = httpx.Client(
+            base_url=base_url, timeout=timeout, transport=transport if transport is not None else self._lean
+        )
         self._calls = _Calls(admin_token)
         self._build = _Builder(self._http, lean=self._lean is not None)
 
@@ -423,7 +425,10 @@ class AsyncESPClient:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         self._lean = AsyncHTTP11Transport(limits) if transport is None else None
         self._http = httpx.AsyncClient(
-            base_url=base_url, timeout=timeout, limits=limits, transport=transport or self._lean
+            base_url=base_url,
+            timeout=timeout,
+            limits=limits,
+            transport=transport if transport is not None else self._lean,
         )
         self._calls = _Calls(admin_token)
         self._build = _Builder(self._http, lean=self._lean is not None)
