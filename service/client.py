@@ -13,37 +13,27 @@ numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
 
 Client CPU per request (one 384-float query, 2-core machine): httpx's default transport cost
 ~2 ms at one connection and ~8 ms at 32 (httpcore's pool scans every connection per request).
-The clients therefore default to the lean HTTP/1.1 transports of :mod:`service.client_transport`,
-and a plain call (no params, own headers, cookies, proxy, auth or hooks) goes to it as bytes
-prepared from httpx's own request models (:meth:`_Builder.wire`): ~0.35 ms at 1 and at 32
-connections. Pass ``transport=`` (e.g. ``httpx.AsyncHTTPTransport()``) to send through httpx
-unchanged.
+The clients therefore default to the lean HTTP/1.1 transports of :mod:`service.client_transport`
+(httpx's own extension point; ~0.55 ms at 1 and at 32 connections). Pass ``transport=`` (e.g.
+``httpx.AsyncHTTPTransport()``) to send through httpx's default transport.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib.util
-import logging
 import sys
 import time
-import urllib.request
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any, Generic, NamedTuple, TypeVar
+from typing import Any, Generic, TypeVar
 
 import httpx
 import numpy as np
 import pydantic_core
 from pydantic import BaseModel
 
-from service.client_transport import (
-    AsyncHTTP11Transport,
-    HTTP11Transport,
-    ResponseParser,
-    origin_of,
-    serialize,
-)
+from service.client_transport import AsyncHTTP11Transport, HTTP11Transport
 from service.schemas import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
 
 # httpcore runs `import sniffio` several times per async request; when sniffio is not installed
@@ -53,7 +43,6 @@ if importlib.util.find_spec("sniffio") is None:
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
 
 T = TypeVar("T")
-_HTTPX_LOG = logging.getLogger("httpx")
 QueryLike = str | Sequence[float] | np.ndarray | Mapping[str, Any]
 WeightsLike = Mapping[str, float] | Sequence[float] | np.ndarray
 
@@ -152,139 +141,23 @@ def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
     return lambda r: cls.model_validate_json(r.content)  # pydantic-core parses and validates at once
 
 
-def _encode(body: Any) -> bytes | None:
-    """JSON bytes by pydantic-core, not the stdlib; None where it cannot encode ``body``.
+def _request_args(call: _Call[Any]) -> dict[str, Any]:
+    """httpx ``request()`` arguments; a JSON body is encoded by pydantic-core, not the stdlib.
 
     A 384-float vector costs ~0.5 ms in ``json.dumps`` and ~0.03 ms here. Output is the same
     JSON (NaN and infinities as the stdlib writes them, so the service judges them); what
     pydantic-core cannot encode goes to httpx's own encoder, which raises as before.
     """
-    try:
-        return pydantic_core.to_json(body, inf_nan_mode="constants")
-    except (ValueError, TypeError):
-        return None
-
-
-def _request_args(call: _Call[Any]) -> dict[str, Any]:
-    """httpx ``request()`` arguments; a JSON body is encoded by :func:`_encode`."""
     args: dict[str, Any] = {"params": call.params, "headers": call.headers}
     if call.json is None:
         return args
-    content = _encode(call.json)
-    if content is None:
+    try:
+        args["content"] = pydantic_core.to_json(call.json, inf_nan_mode="constants")
+    except (ValueError, TypeError):
         args["json"] = call.json
         return args
-    args["content"] = content
     args["headers"] = {**(call.headers or {}), "content-type": "application/json"}
     return args
-
-
-class _Wire(NamedTuple):
-    """A request serialised for the lean transport."""
-
-    data: bytes
-    origin: tuple[str, int]
-    url: httpx.URL
-
-
-class _Builder:
-    """Builds each call's request: an :class:`httpx.Request` as ``client.build_request`` would,
-    cheaper, or (:meth:`wire`) the bytes httpx would send, for the client's lean transport.
-
-    ``build_request`` parses and merges the URL (twice), the client's query params and headers on
-    every call: ~90 us of the ~260 us httpx's client layer spends per request. A call without
-    params, own headers or cookies in the client's jar gets the merged URL from a per-path cache
-    and one prebuilt header set instead; the result is the same request. Anything else takes
-    ``build_request``.
-    """
-
-    def __init__(self, http: httpx.Client | httpx.AsyncClient, lean: bool = False) -> None:
-        self._http = http
-        self._urls: dict[str, httpx.URL] = {}
-        self._headers: dict[bool, httpx.Headers] = {}
-        # (method, path, has body) -> the serialised head without Content-Length, or None (not http)
-        self._heads: dict[tuple[str, str, bool], tuple[bytes, tuple[str, int], httpx.URL] | None] = {}
-        self._lean = lean and not (http.trust_env and _environment_proxy())
-
-    def __call__(self, call: _Call[Any]) -> httpx.Request:
-        http = self._http
-        args = _request_args(call)
-        if call.params is not None or call.headers or "json" in args or http.cookies:
-            return http.build_request(call.method, call.url, **args)
-        url = self._urls.get(call.url)
-        if url is None:
-            url = self._urls[call.url] = http.build_request(call.method, call.url).url
-        content = args.get("content")
-        headers = self._headers.get(content is not None)
-        if headers is None:
-            headers = self._headers[content is not None] = httpx.Headers(http.headers)
-            headers.update(args["headers"] or {})
-        return httpx.Request(
-            call.method, url, headers=headers, content=content, extensions={"timeout": http.timeout.as_dict()}
-        )
-
-    def wire(self, call: _Call[Any]) -> _Wire | None:
-        """The whole request as bytes for the client's lean transport, byte for byte what httpx
-        would send (headers from a request built once by httpx's models, the body's length
-        appended); None where httpx must send it: another transport, a proxy, auth, event hooks,
-        cookies, query params, own headers, a body pydantic-core cannot encode, not ``http://``,
-        a closed client (httpx raises)."""
-        http = self._http
-        if not self._lean or http.is_closed or call.params is not None or call.headers or http.cookies:
-            return None
-        if http.auth is not None:
-            return None
-        if http.event_hooks["request"] or http.event_hooks["response"]:
-            return None
-        content = None if call.json is None else _encode(call.json)
-        if call.json is not None and content is None:
-            return None
-        key = (call.method, call.url, content is not None)
-        if key not in self._heads:
-            self._heads[key] = self._head(self(call), content is not None)
-        head = self._heads[key]
-        if head is None:
-            return None
-        data, origin, url = head
-        if content is not None:
-            data = b"".join((data, b"Content-Length: %d\r\n\r\n" % len(content), content))
-        return _Wire(data, origin, url)
-
-    @staticmethod
-    def _head(request: httpx.Request, has_body: bool) -> tuple[bytes, tuple[str, int], httpx.URL] | None:
-        if request.url.scheme != "http":
-            return None
-        raw = serialize(request, b"")
-        if has_body:  # the head up to its last header line; each body brings its own length
-            lines = raw[: -len(b"\r\n\r\n")].split(b"\r\n")
-            raw = b"".join(
-                line + b"\r\n" for line in lines if not line.lower().startswith(b"content-length:")
-            )
-        return raw, origin_of(request.url), request.url
-
-    def response(self, call: _Call[Any], wire: _Wire, parser: ResponseParser) -> httpx.Response:
-        """The answer to a wired request as the httpx client would hand it back: body read,
-        cookies taken into the client's jar, the ``httpx`` logger's request line."""
-        resp = parser.response()
-        resp.read()
-        if "set-cookie" in resp.headers or _HTTPX_LOG.isEnabledFor(logging.INFO):
-            resp.request = self(call)
-            self._http.cookies.extract_cookies(resp)
-            _HTTPX_LOG.info(
-                'HTTP Request: %s %s "%s %d %s"',
-                call.method,
-                wire.url,
-                resp.http_version,
-                resp.status_code,
-                resp.reason_phrase,
-            )
-        return resp
-
-
-def _environment_proxy() -> bool:
-    """Whether the environment names a proxy that httpx (``trust_env``) could route ``http://`` through."""
-    proxies = urllib.request.getproxies()
-    return bool(proxies.get("http") or proxies.get("all"))
 
 
 def _json(r: httpx.Response) -> Any:
@@ -339,27 +212,14 @@ class ESPClient:
         admin_token: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        self._lean = HTTP11Transport() if transport is None else None
-        self._http = httpx.Client(
-            base_url=base_url, timeout=timeout, transport=transport if transport is not None else self._lean
-        )
+        transport = transport or HTTP11Transport()  # lean HTTP/1.1; https goes to httpx's own
+        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
         self._calls = _Calls(admin_token)
-        self._build = _Builder(self._http, lean=self._lean is not None)
 
     def _do(self, call: _Call[T]) -> T:
-        wire = self._build.wire(call)
-        resp = self._http.send(self._build(call)) if wire is None else self._send_wire(call, wire)
+        resp = self._http.request(call.method, call.url, **_request_args(call))
         raise_for_error(resp)
         return call.parse(resp)
-
-    def _send_wire(self, call: _Call[Any], wire: _Wire) -> httpx.Response:
-        assert self._lean is not None
-        try:
-            parser = self._lean.exchange(wire.origin, wire.data, self._http.timeout.as_dict())
-        except httpx.RequestError as exc:
-            exc.request = self._build(call)  # as httpx's client does
-            raise
-        return self._build.response(call, wire, parser)
 
     def search(self, queries: Sequence[QueryLike] | QueryLike, **kw: Any) -> SearchResponse:
         """``kw``: ``k``, ``weights``, ``operating_point``, ``experiment``, ``unit_id``."""
@@ -423,30 +283,14 @@ class AsyncESPClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        self._lean = AsyncHTTP11Transport(limits) if transport is None else None
-        self._http = httpx.AsyncClient(
-            base_url=base_url,
-            timeout=timeout,
-            limits=limits,
-            transport=transport if transport is not None else self._lean,
-        )
+        transport = transport or AsyncHTTP11Transport(limits)
+        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
         self._calls = _Calls(admin_token)
-        self._build = _Builder(self._http, lean=self._lean is not None)
 
     async def _do(self, call: _Call[T]) -> T:
-        wire = self._build.wire(call)
-        resp = await (self._http.send(self._build(call)) if wire is None else self._send_wire(call, wire))
+        resp = await self._http.request(call.method, call.url, **_request_args(call))
         raise_for_error(resp)
         return call.parse(resp)
-
-    async def _send_wire(self, call: _Call[Any], wire: _Wire) -> httpx.Response:
-        assert self._lean is not None
-        try:
-            parser = await self._lean.exchange(wire.origin, wire.data, self._http.timeout.as_dict())
-        except httpx.RequestError as exc:
-            exc.request = self._build(call)  # as httpx's client does
-            raise
-        return self._build.response(call, wire, parser)
 
     async def search(self, queries: Sequence[QueryLike] | QueryLike, **kw: Any) -> SearchResponse:
         return await self._do(self._calls.search(queries, **kw))

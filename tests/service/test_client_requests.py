@@ -1,17 +1,16 @@
-"""service/client.py: the requests it builds are httpx's own, its default transport is the lean one,
-and answers (typed results, ESPError) are judged as before, sync and async."""
+"""service/client.py: its default transport is the lean one, and answers (typed results, ESPError)
+are judged as before, sync and async."""
 
 from __future__ import annotations
 
 import asyncio
 import json
-from typing import Any
 
 import httpx
 import numpy as np
 import pytest
 
-from service.client import AsyncESPClient, ESPClient, ESPError, _Builder, _Call, _Calls, _request_args
+from service.client import AsyncESPClient, ESPClient, ESPError
 from service.client_transport import AsyncHTTP11Transport, HTTP11Transport
 
 SEARCH_ANSWER = {
@@ -20,40 +19,6 @@ SEARCH_ANSWER = {
     "bundle_version": "v1",
     "backend": "numpy",
 }
-
-
-def _calls() -> list[_Call[Any]]:
-    c = _Calls("tok")
-    q = np.linspace(-1, 1, 4, dtype=np.float32)
-    return [
-        c.search(q, k=3, weights={"a": 0.5}),
-        c.search(["text"], operating_point="op"),
-        c.layout(),
-        c.health(),
-        c.assignment("exp", "user 1"),
-        c.reload("some/path"),
-        c.reload(None, token="other"),
-        _Call("POST", "/v1/search", lambda r: r, json={"weights": [np.float32(1.0)]}),
-    ]
-
-
-@pytest.mark.parametrize("index", range(8))
-@pytest.mark.parametrize("base", ["http://h:1", "http://h:1/prefix/"])
-def test_built_requests_equal_httpx_build_request(index: int, base: str) -> None:
-    call = _calls()[index]
-    with httpx.Client(base_url=base, timeout=7) as http:
-        if call.json is not None and "content" not in _request_args(call):
-            with pytest.raises(TypeError):
-                _Builder(http)(call)  # httpx's own encoder refuses numpy scalars, as before
-            return
-        builder = _Builder(http)
-        for _ in range(2):  # the second call comes from the caches
-            ours = builder(call)
-            theirs = http.build_request(call.method, call.url, **_request_args(call))
-            assert (ours.method, ours.url) == (theirs.method, theirs.url)
-            assert ours.headers.raw == theirs.headers.raw
-            assert ours.read() == theirs.read()
-            assert ours.extensions == theirs.extensions
 
 
 def test_cookies_set_by_the_server_are_sent_back() -> None:
