@@ -212,7 +212,8 @@ class ESPClient:
         admin_token: str | None = None,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        transport = transport or HTTP11Transport()  # lean HTTP/1.1; https goes to httpx's own
+        if transport is None:
+            transport = HTTP11Transport()  # lean HTTP/1.1; https goes to httpx's own transport
         self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
         self._calls = _Calls(admin_token)
 
@@ -283,7 +284,8 @@ class AsyncESPClient:
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        transport = transport or AsyncHTTP11Transport(limits)
+        if transport is None:
+            transport = AsyncHTTP11Transport(limits)
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
         self._calls = _Calls(admin_token)
 
