@@ -11,10 +11,10 @@ engine share this machine's cores, so the ratio is a lower bound for a dedicated
 
 Clients: ``raw`` (default) sends prepared bodies over one keep-alive connection per worker
 and costs tens of microseconds per request, so it measures the server; ``httpx`` is
-service/client.py as a caller uses it (its lean HTTP/1.1 transport: ~0.4 ms of client CPU per
+service/client.py as a caller uses it (its lean HTTP/1.1 transport: ~1 ms of client CPU per
 request at 1 and at 32 connections), whose own CPU competes with the server for the cores;
-``httpx_default`` is the same client on httpx's default transport (httpcore's pool: ~2 ms per
-request at 1 connection, ~8 ms at 32), for comparison.
+``httpx_default`` is the same client on httpx's default transport (httpcore's pool: ~3 ms per
+request at 1 connection, ~10 ms at 32), for comparison.
 
 With ``--docs`` a list (``--docs 24884,250000,1000000``) the whole measurement runs once per
 synthetic corpus size, each in ``corpora``: the HTTP cost per request is fixed while the
