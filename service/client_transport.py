@@ -30,7 +30,7 @@ import socket
 import sys
 import threading
 import time
-from typing import Any
+from typing import Any, Generic, Protocol, TypeVar
 
 import httpx
 
@@ -249,6 +249,46 @@ class _StaleConnectionError(Exception):
         self.error = error
 
 
+class _Connection(Protocol):
+    origin: tuple[str, int]
+
+    def close(self) -> None: ...
+
+
+C = TypeVar("C", bound=_Connection)
+
+
+class _Pool(Generic[C]):
+    """What both transports keep: the ``Limits``, idle connections per origin, the open count."""
+
+    def __init__(self, limits: httpx.Limits | None, fallback: dict[str, Any]) -> None:
+        limits = limits or httpx.Limits()
+        self._max = limits.max_connections if limits.max_connections is not None else sys.maxsize
+        self._max_idle = limits.max_keepalive_connections
+        self._expiry = limits.keepalive_expiry
+        self._fallback_kw = {"limits": limits, **fallback}
+        self._idle: dict[tuple[str, int], list[C]] = {}
+        self._open = 0
+
+    def _drop(self, conn: C) -> None:
+        with contextlib.suppress(RuntimeError):  # an async connection's event loop may be closed already
+            conn.close()
+        self._open -= 1
+
+    def _evict_other(self, origin: tuple[str, int]) -> bool:
+        """At the limit: close an idle connection to another origin to make room."""
+        for other, idle in self._idle.items():
+            if other != origin and idle:
+                self._drop(idle.pop(0))
+                return True
+        return False
+
+    def _drop_idle(self) -> None:
+        for idle in self._idle.values():
+            while idle:
+                self._drop(idle.pop())
+
+
 class _AsyncConnection(asyncio.Protocol):
     """One keep-alive connection; the protocol fills the parser and wakes the waiting request."""
 
@@ -363,18 +403,12 @@ class _AsyncConnection(asyncio.Protocol):
             self.transport.close()
 
 
-class AsyncHTTP11Transport(httpx.AsyncBaseTransport):
+class AsyncHTTP11Transport(_Pool["_AsyncConnection"], httpx.AsyncBaseTransport):
     """``httpx.AsyncClient(transport=AsyncHTTP11Transport(limits))``: lean ``http://`` HTTP/1.1."""
 
     def __init__(self, limits: httpx.Limits | None = None, **fallback: Any) -> None:
-        limits = limits or httpx.Limits()
-        self._max = limits.max_connections if limits.max_connections is not None else sys.maxsize
-        self._max_idle = limits.max_keepalive_connections
-        self._expiry = limits.keepalive_expiry
-        self._fallback_kw = {"limits": limits, **fallback}
+        _Pool.__init__(self, limits, fallback)
         self._fallback: httpx.AsyncHTTPTransport | None = None
-        self._idle: dict[tuple[str, int], list[_AsyncConnection]] = {}
-        self._open = 0
         self._waiters: collections.deque[asyncio.Future[None]] = collections.deque()
 
     async def handle_async_request(self, request: httpx.Request) -> httpx.Response:
@@ -473,19 +507,6 @@ class AsyncHTTP11Transport(httpx.AsyncBaseTransport):
         self._drop(conn)
         self._wake()
 
-    def _drop(self, conn: _AsyncConnection) -> None:
-        with contextlib.suppress(RuntimeError):  # its event loop may be closed already
-            conn.close()
-        self._open -= 1
-
-    def _evict_other(self, origin: tuple[str, int]) -> bool:
-        """At the limit: close an idle connection to another origin to make room."""
-        for other, idle in self._idle.items():
-            if other != origin and idle:
-                self._drop(idle.pop(0))
-                return True
-        return False
-
     def _wake(self) -> None:
         while self._waiters:
             waiter = self._waiters.popleft()
@@ -494,9 +515,7 @@ class AsyncHTTP11Transport(httpx.AsyncBaseTransport):
                 return
 
     async def aclose(self) -> None:
-        for idle in self._idle.values():
-            while idle:
-                self._drop(idle.pop())
+        self._drop_idle()
         if self._fallback is not None:
             await self._fallback.aclose()
 
@@ -550,19 +569,13 @@ class _SyncConnection:
             self.sock.close()
 
 
-class HTTP11Transport(httpx.BaseTransport):
+class HTTP11Transport(_Pool["_SyncConnection"], httpx.BaseTransport):
     """``httpx.Client(transport=HTTP11Transport(limits))``: lean ``http://`` HTTP/1.1 on blocking
     sockets; thread-safe (a lock guards the pool, each request holds its connection alone)."""
 
     def __init__(self, limits: httpx.Limits | None = None, **fallback: Any) -> None:
-        limits = limits or httpx.Limits()
-        self._max = limits.max_connections if limits.max_connections is not None else sys.maxsize
-        self._max_idle = limits.max_keepalive_connections
-        self._expiry = limits.keepalive_expiry
-        self._fallback_kw = {"limits": limits, **fallback}
+        _Pool.__init__(self, limits, fallback)
         self._fallback: httpx.HTTPTransport | None = None
-        self._idle: dict[tuple[str, int], list[_SyncConnection]] = {}
-        self._open = 0
         self._cond = threading.Condition()
 
     def handle_request(self, request: httpx.Request) -> httpx.Response:
@@ -651,21 +664,8 @@ class HTTP11Transport(httpx.BaseTransport):
                 self._drop(conn)
             self._cond.notify()
 
-    def _drop(self, conn: _SyncConnection) -> None:
-        conn.close()
-        self._open -= 1
-
-    def _evict_other(self, origin: tuple[str, int]) -> bool:
-        for other, idle in self._idle.items():
-            if other != origin and idle:
-                self._drop(idle.pop(0))
-                return True
-        return False
-
     def close(self) -> None:
         with self._cond:
-            for idle in self._idle.values():
-                while idle:
-                    self._drop(idle.pop())
+            self._drop_idle()
         if self._fallback is not None:
             self._fallback.close()
