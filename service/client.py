@@ -116,6 +116,22 @@ def _retry_after(resp: httpx.Response) -> float | None:
         return None
 
 
+#: answers that say "not now" (queue full, not ready): the request was not served, so it may be sent again
+RETRY_STATUSES = frozenset({429, 503})
+
+
+def retry_delay(resp: httpx.Response, attempt: int, retries: int, max_wait: float) -> float | None:
+    """Seconds to wait before sending again, or None when ``resp`` is final.
+
+    Only 429 and 503, at most ``retries`` times; the server's ``Retry-After`` when it sends one,
+    else 0.1 s doubling per attempt; never more than ``max_wait``.
+    """
+    if resp.status_code not in RETRY_STATUSES or attempt >= retries:
+        return None
+    wait = _retry_after(resp)
+    return min(max_wait, 0.1 * 2**attempt if wait is None else max(0.0, wait))
+
+
 def raise_for_error(resp: httpx.Response) -> None:
     if resp.status_code < 400:
         return
@@ -202,7 +218,9 @@ class _Calls:
 
 
 class ESPClient:
-    """Blocking client. ``admin_token`` is only sent to ``/v1/admin/*``."""
+    """Blocking client. ``admin_token`` is only sent to ``/v1/admin/*``. ``retries``: how often a
+    429 (queue full) or 503 (not ready) answer is sent again, after its ``Retry-After`` (capped at
+    ``max_retry_wait`` seconds); 0 (default) raises :class:`ESPError` at once."""
 
     def __init__(
         self,
@@ -210,15 +228,25 @@ class ESPClient:
         *,
         timeout: float = 30.0,
         admin_token: str | None = None,
+        retries: int = 0,
+        max_retry_wait: float = 5.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
         if transport is None:
             transport = HTTP11Transport()  # lean HTTP/1.1; https goes to httpx's own transport
         self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
         self._calls = _Calls(admin_token)
+        self._retries, self._max_retry_wait = retries, max_retry_wait
 
     def _do(self, call: _Call[T]) -> T:
-        resp = self._http.request(call.method, call.url, **_request_args(call))
+        attempt = 0
+        while True:
+            resp = self._http.request(call.method, call.url, **_request_args(call))
+            delay = retry_delay(resp, attempt, self._retries, self._max_retry_wait)
+            if delay is None:
+                break
+            time.sleep(delay)
+            attempt += 1
         raise_for_error(resp)
         return call.parse(resp)
 
@@ -281,6 +309,8 @@ class AsyncESPClient:
         timeout: float = 30.0,
         admin_token: str | None = None,
         max_connections: int = 256,
+        retries: int = 0,
+        max_retry_wait: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
@@ -288,9 +318,17 @@ class AsyncESPClient:
             transport = AsyncHTTP11Transport(limits)
         self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
         self._calls = _Calls(admin_token)
+        self._retries, self._max_retry_wait = retries, max_retry_wait
 
     async def _do(self, call: _Call[T]) -> T:
-        resp = await self._http.request(call.method, call.url, **_request_args(call))
+        attempt = 0
+        while True:
+            resp = await self._http.request(call.method, call.url, **_request_args(call))
+            delay = retry_delay(resp, attempt, self._retries, self._max_retry_wait)
+            if delay is None:
+                break
+            await asyncio.sleep(delay)
+            attempt += 1
         raise_for_error(resp)
         return call.parse(resp)
 
