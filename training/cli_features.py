@@ -41,13 +41,17 @@ def run(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, FileNotFoundError) as exc:
         print(f"esp features: invalid config {args.config}: {exc}", file=sys.stderr)
         return 2
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        print(f"esp features: --out {args.out} exists and is not a folder", file=sys.stderr)
+        return 2
     t0 = time.perf_counter()
     path = cfg.trunk.path or default_trunk_path()
     trunk = Trunk.from_pretrained(path, max_length=cfg.trunk.max_length, mode=TrunkMode.parse("frozen"))
     _, texts = load_corpus(cfg, data_context(cfg))
     fp = trunk_fingerprint(trunk)
     feats = pooled_features(
-        trunk, texts, Path(args.out), fingerprint=fp, batch_size=cfg.trunk.encode_batch_size,
+        trunk, texts, out, fingerprint=fp, batch_size=cfg.trunk.encode_batch_size,
         desc="corpus features",
     )
     summary = {

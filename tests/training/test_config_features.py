@@ -132,3 +132,5 @@ def test_esp_features_writes_a_corpus_then_reuses_it(
     monkeypatch.setattr(Trunk, "encode", lambda *a, **k: pytest.fail("recomputed a stored chunk"))
     assert main(["features", "--config", str(demo), "--out", str(out)]) == 0
     assert main(["features", "--config", str(tmp_path / "nope.yaml"), "--out", str(out)]) == 2
+    assert main(["features", "--config", str(demo), "--out", str(corpus)]) == 2  # a file, not a folder
+    assert "not a folder" in capsys.readouterr().err
