@@ -6,7 +6,6 @@
 
 from __future__ import annotations
 
-import bisect
 import json
 import re
 from collections.abc import Iterable, Sequence
@@ -62,27 +61,39 @@ def load_folds(data_dir: Path | None = None) -> dict[int, list[str]]:
 def name_mentions(names: Iterable[str], passages: Sequence[str]) -> dict[str, set[int]]:
     """For each lower-cased name, the indices of passages containing it as whole words.
 
-    ``str.find`` scans of the joined lower-cased corpus, one per distinct name, with the word
-    boundaries checked at each hit (a regex with look-behind would disable the fast literal search).
+    A whole-word occurrence makes every alphanumeric run of the name a whole token of the
+    passage, so an index token -> passages narrows each name to the passages that hold all of
+    its tokens, and only those are searched (``str.find``, word boundaries checked at each hit).
+    Exact, and ~1 s for DL-HARD's 827 names over the 24,884-passage pool instead of ~5 s of one
+    whole-corpus scan per name.
     """
-    joined = "\n".join(p.lower().replace("\n", " ") for p in passages)
-    starts, pos = [], 0
-    for p in passages:
-        starts.append(pos)
-        pos += len(p) + 1
+    texts = [p.lower().replace("\n", " ") for p in passages]
+    names = list(names)
+    chars = set().union(*map(set, texts), *map(set, names))
+    blank = {ord(c): " " for c in chars if not c.isalnum()}  # tokens: maximal alphanumeric runs
+    index: dict[str, set[int]] = {}
+    for i, text in enumerate(texts):
+        for token in set(text.translate(blank).split()):
+            index.setdefault(token, set()).add(i)
     out: dict[str, set[int]] = {}
     for name in names:
         if name in out:
             continue
-        found: set[int] = set()
-        i = joined.find(name)
-        while i >= 0:
-            end = i + len(name)
-            if (i == 0 or not joined[i - 1].isalnum()) and (end >= len(joined) or not joined[end].isalnum()):
-                found.add(bisect.bisect_right(starts, i) - 1)
-            i = joined.find(name, i + 1)
-        out[name] = found
+        tokens = name.translate(blank).split()
+        candidates = set.intersection(*(index.get(t, set()) for t in tokens)) if tokens else range(len(texts))
+        out[name] = {i for i in candidates if _mentions(texts[i], name)}
     return out
+
+
+def _mentions(text: str, name: str) -> bool:
+    """Does ``name`` occur in ``text`` with no letter or digit right before or after it?"""
+    i = text.find(name)
+    while i >= 0:
+        end = i + len(name)
+        if (i == 0 or not text[i - 1].isalnum()) and (end >= len(text) or not text[end].isalnum()):
+            return True
+        i = text.find(name, i + 1)
+    return False
 
 
 def find_mentions(names_per_query: Sequence[tuple[str, ...]], passages: Sequence[str]) -> list[list[int]]:
