@@ -48,6 +48,7 @@ def test_report_has_every_section_and_method(quick_run: tuple[Path, Path]) -> No
     for spec in cfg["methods"].values():
         assert f"| {spec['label']} |" in md
     assert "QUICK MODE" in md
+    assert "| purity, clusters of 2+ | in singletons |" in md
     for png in ("pareto.png", "diagnostics.png", "clustering.png"):
         data = (out / png).read_bytes()
         assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000
@@ -85,6 +86,10 @@ def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
     assert res["diagnostics"]["esp_sum"]["proj[semantic/entity]"] == 0.0  # no surgery, no projection
     rows = res["clustering"]["rows"]
     assert {r["setting"] for r in rows if r["method"] == "esp_pcgrad_dwa"} == set(res["clustering"]["settings"])
+    for r in rows:  # groups of two or more are scored apart from singletons (pure by construction)
+        o = r["orcas"]
+        assert 0.0 <= o["singletons"] <= 1.0
+        assert math.isnan(o["purity_multi"]) == (o["singletons"] + o["noise"] > 1.0 - 1e-9)
 
 
 def test_operating_points_written_into_bundle(quick_run: tuple[Path, Path]) -> None:

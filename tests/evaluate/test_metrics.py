@@ -123,6 +123,11 @@ def test_cluster_metrics() -> None:
     assert m.purity(classes, clusters) == pytest.approx(4 / 5)
     assert m.purity(classes, clusters, noise=None) == pytest.approx(5 / 6)
     assert math.isnan(m.purity(["a"], [-1]))
+    # singletons are pure by construction; min_size=2 scores only the groups: {x, x, y} and {y, y}
+    with_singletons = ["x", "x", "y", "y", "y", "z", "q"], [0, 0, 0, 1, 1, 2, 3]
+    assert m.purity(*with_singletons) == pytest.approx(6 / 7)
+    assert m.purity(*with_singletons, min_size=2) == pytest.approx(4 / 5)
+    assert math.isnan(m.purity(["a", "b"], [0, 1], min_size=2))
     assert m.normalized_mutual_info(classes, [0, 0, 1, 1, 1, 2]) == pytest.approx(1.0)
     assert m.adjusted_rand(classes, [5, 5, 7, 7, 7, 9]) == pytest.approx(1.0)
     # Noise as singletons: the lone z in noise is still "its own cluster".

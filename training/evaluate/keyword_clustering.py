@@ -5,8 +5,9 @@ weighted-subspace distance ``1 - s/W``, agglomerative or HDBSCAN), so the benchm
 what ``/v1/cluster`` would return. Scores:
 
 - ORCAS-I queries: **intent purity** (share of clustered queries whose cluster's majority
-  intent is their own; HDBSCAN noise is left out and reported as ``noise``), plus NMI/ARI
-  against the intent labels.
+  intent is their own; HDBSCAN noise is left out and reported as ``noise``), also over clusters
+  of two or more only (``purity_multi``: singletons are pure by construction, and their share
+  is ``singletons``), plus NMI/ARI against the intent labels.
 - MIMICS "query + refinement" texts: **NMI / ARI** against the parent query (noise points
   count as singleton clusters), plus purity.
 """
@@ -48,10 +49,13 @@ def cluster_scores(
 
     res = cluster_embeddings(emb, layout, dict(weights), spec.method, **dict(spec.params))
     labels = res.labels
+    ids, sizes = np.unique(labels[labels >= 0], return_counts=True)
     return {
         "n_clusters": float(res.n_clusters),
         "noise": float(np.mean(labels < 0)),
+        "singletons": float(np.isin(labels, ids[sizes == 1]).mean()),
         "purity": purity(truth, labels),
+        "purity_multi": purity(truth, labels, min_size=2),
         "nmi": normalized_mutual_info(truth, labels),
         "ari": adjusted_rand(truth, labels),
     }

@@ -199,17 +199,25 @@ def hypervolume_2d(points: np.ndarray, ref: tuple[float, float] = (0.0, 0.0)) ->
 
 
 def purity(
-    classes: Sequence[Hashable], clusters: Sequence[int] | np.ndarray, noise: int | None = -1
+    classes: Sequence[Hashable],
+    clusters: Sequence[int] | np.ndarray,
+    noise: int | None = -1,
+    min_size: int = 1,
 ) -> float:
     """Share of items whose cluster's majority class is their own class.
 
-    Items in the ``noise`` cluster (HDBSCAN's -1) are left out; NaN when nothing is clustered.
+    Items in the ``noise`` cluster (HDBSCAN's -1) are left out, and so are clusters of fewer
+    than ``min_size`` items (a singleton is pure by construction: ``min_size=2`` measures only
+    the groupings a clustering made); NaN when nothing is left.
     """
     c = np.asarray(classes, dtype=object)
     k = np.asarray(clusters)
     if c.shape != k.shape:
         raise ValueError(f"classes and clusters differ in length: {c.shape} vs {k.shape}")
     mask = np.ones(k.shape, dtype=bool) if noise is None else k != noise
+    if min_size > 1:
+        ids, sizes = np.unique(k[mask], return_counts=True)
+        mask &= np.isin(k, ids[sizes >= min_size])
     if not mask.any():
         return math.nan
     total = 0

@@ -313,11 +313,11 @@ def _clustering_plot(path: Path, clustering: Mapping[str, Any]) -> None:
     for row in clustering["rows"]:
         if row["setting"] not in settings:
             continue
-        for ds, metric in (("orcas", "purity"), ("mimics", "nmi"), ("mimics", "ari")):
+        for ds, metric in (("orcas", "purity_multi"), ("mimics", "nmi"), ("mimics", "ari")):
             if row[ds]:
                 agg[(ds, metric, row["cluster"], row["setting"])].append(row[ds][metric])
     series: dict[str, dict[str, list[float]]] = {}
-    for ds, metric, title in (("orcas", "purity", "ORCAS-I held-out: intent purity"),
+    for ds, metric, title in (("orcas", "purity_multi", "ORCAS-I held-out: intent purity, clusters of 2+"),
                               ("mimics", "nmi", "MIMICS: NMI vs parent query"),
                               ("mimics", "ari", "MIMICS: ARI vs parent query")):
         lines: dict[str, list[float]] = {}
@@ -526,8 +526,10 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
             f"refinement\" texts of {p['mimics_parents']} parent queries ({mimics_note}), "
             "embedded by the front method's models (every run of every seed) and by the "
             "zero-shot trunk, clustered by `service.clustering` at each serving-weight setting. Intent "
-            "purity leaves HDBSCAN noise out (its share is the noise column); NMI / ARI count noise "
-            "points as singletons.")
+            "purity leaves HDBSCAN noise out (its share is the noise column); a singleton cluster is "
+            "pure by construction, so purity is also given over clusters of two or more queries, with "
+            "the share of queries left in singletons (the plot shows that purity). NMI / ARI count "
+            "noise points as singletons.")
         add("")
         agg: dict[tuple[str, str, str], list[dict[str, Any]]] = defaultdict(list)
         for r in cl["rows"]:
@@ -538,11 +540,13 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
             mm = [r["mimics"] for r in rs if r["mimics"]]
             seeds = sorted({r["seed"] for r in rs if r["seed"] is not None})
             krows.append([mlabel, setting, cluster,
-                          fmt([x["purity"] for x in o]), fmt([x["n_clusters"] for x in o], 0),
+                          fmt([x["purity"] for x in o]), fmt([x["purity_multi"] for x in o]),
+                          fmt([x["singletons"] for x in o], 2), fmt([x["n_clusters"] for x in o], 0),
                           fmt([x["noise"] for x in o], 2),
                           fmt([x["nmi"] for x in mm]), fmt([x["ari"] for x in mm]),
                           fmt([x["n_clusters"] for x in mm], 0), _seeds_text(seeds) + f" ({len(rs)} models)"])
-        add(markdown_table(["model", "weights", "method", "ORCAS intent purity", "ORCAS clusters", "noise",
+        add(markdown_table(["model", "weights", "method", "ORCAS intent purity", "purity, clusters of 2+",
+                            "in singletons", "ORCAS clusters", "noise",
                             "MIMICS NMI", "MIMICS ARI", "MIMICS clusters", "runs"], krows))
         add("")
         add("![clustering](clustering.png)")
