@@ -9,24 +9,26 @@ stack rather than inside it, the server's event-loop thread spent ~0.50 ms per s
 (uvicorn included) at concurrency 32 instead of ~0.65 (together with the cached layout
 tuples and registry weights and batch-side vector normalisation; 2-core machine, shared).
 
-What: :class:`~service.app.ESPApp` offers every request to :meth:`SearchFastPath.takes`
-first. It takes a POST to exactly ``/v1/search`` with an ``application/json`` body whose
-``Content-Length`` is within ``max_body_bytes``, while no ``dependency_overrides`` are set
-(a test that overrides a dependency must get the declared route, which honours them). It
-parses the body with pydantic-core and validates it against
-:class:`~service.schemas.SearchRequest`; when that succeeds and a bundle is served, it runs
-the route's own :func:`~service.routes.search.run_search`, answers, and counts the request
-in ``esp_requests_total`` / ``esp_request_duration_seconds`` as the metrics middleware
-would. A :class:`ServiceError` is answered as the app's handler answers it; any other
-exception as the app's ``Exception`` handler answers it (then re-raised for the server to
-log, as Starlette's error middleware does). Everything else (a malformed or invalid body,
-another content type, method or path, a chunked or oversized body, no bundle yet) goes to
-the whole FastAPI app with the body replayed unchanged, so those statuses and messages,
-the middleware, and the OpenAPI schema come from the one declared route exactly as before.
+What: :class:`~service.app.ESPApp` offers every request to :meth:`SearchFastPath.takes` first.
+It takes a POST to exactly ``/v1/search`` with an ``application/json`` body whose ``Content-
+Length`` is within ``max_body_bytes``, while no ``dependency_overrides`` are set (a test that
+overrides a dependency must get the declared route, which honours them). It parses the body
+with pydantic-core and validates it against :class:`~service.schemas.SearchRequest`; when that
+succeeds and a bundle is served, it runs the route's own
+:func:`~service.routes.search.run_search`, answers, and counts the request in
+``esp_requests_total`` / ``esp_request_duration_seconds`` through the metrics middleware's own
+:func:`~service.middleware.counted`. A :class:`ServiceError` is answered as the app's handler
+answers it; any other exception as the app's ``Exception`` handler answers it (then re-raised
+for the server to log, as Starlette's error middleware does). Everything else (a malformed or
+invalid body, another content type, method or path, a chunked or oversized body, no bundle
+yet) goes to the whole FastAPI app with the body replayed unchanged, so those statuses and
+messages, the middleware, and the OpenAPI schema come from the one declared route exactly as
+before.
 """
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from typing import Any
@@ -38,10 +40,11 @@ from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ServiceError
+from service.middleware import counted
 from service.routes.deps import SearchContext
 from service.routes.search import run_search
 from service.schemas import SearchRequest
-from service.state import StateHolder
+from service.state import ServingState, StateHolder
 
 SEARCH_PATH = "/v1/search"
 
@@ -105,46 +108,46 @@ class SearchFastPath:
 
             await self.full(scope, replay, send)
             return
+        answer = functools.partial(self._answer, body, state)
         metrics = app_state.metrics
-        status: int | None = None
+        await counted(answer, scope, receive, send, metrics=metrics, route=_search_route, started=started)
 
-        async def answer(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        ctx = SearchContext(state, app_state.settings, app_state.batcher, metrics, app_state.registry)
+    async def _answer(
+        self, body: SearchRequest, state: ServingState, scope: Scope, receive: Receive, send: Send
+    ) -> None:
+        """Run the route's search and answer. Everything that can fail runs before the first
+        byte is sent, so an unexpected error still gets the app's ``Exception`` handler's answer
+        (then is re-raised for the server to log, as Starlette's error middleware does)."""
+        s = self.app.state
+        ctx = SearchContext(state, s.settings, s.batcher, s.metrics, s.registry)
         try:
-            try:
-                result = await run_search(body, ctx)
-            except ServiceError as exc:  # as the app's ServiceError handler answers it
-                await exc.response()(scope, receive, answer)
-                return
-            await _send_json(answer, result)
+            response: ASGIApp = _JSONAnswer(await run_search(body, ctx))
+        except ServiceError as exc:  # as the app's ServiceError handler answers it
+            response = exc.response()
         except Exception as exc:
             handler = self.app.exception_handlers.get(Exception)
-            if status is None and handler is not None:  # as Starlette's ServerErrorMiddleware does
-                response = handler(Request(scope, receive), exc)
-                if inspect.isawaitable(response):
-                    response = await response
-                await response(scope, receive, answer)
+            if handler is not None:
+                answer = handler(Request(scope, receive), exc)
+                if inspect.isawaitable(answer):
+                    answer = await answer
+                await answer(scope, receive, send)
             raise
-        finally:
-            metrics.child(metrics.requests, SEARCH_PATH, str(status or 500)).inc()
-            metrics.child(metrics.request_duration, SEARCH_PATH).observe(time.perf_counter() - started)
+        await response(scope, receive, send)
 
 
-async def _send_json(send: Send, content: Any) -> None:
-    payload = pydantic_core.to_json(content)
-    await send(
-        {
-            "type": "http.response.start",
-            "status": 200,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-            ],
-        }
-    )
-    await send({"type": "http.response.body", "body": payload})
+def _search_route(scope: Scope) -> str:
+    return SEARCH_PATH
+
+
+class _JSONAnswer:
+    """A 200 JSON answer serialised by pydantic-core up front (so a serialisation error is raised
+    before anything is sent)."""
+
+    def __init__(self, content: Any) -> None:
+        self.payload = pydantic_core.to_json(content)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        length = str(len(self.payload)).encode()
+        headers = [(b"content-type", b"application/json"), (b"content-length", length)]
+        await send({"type": "http.response.start", "status": 200, "headers": headers})
+        await send({"type": "http.response.body", "body": self.payload})
