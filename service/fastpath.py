@@ -10,11 +10,11 @@ stack rather than inside it, the server's event-loop thread spent ~0.50 ms per s
 tuples and registry weights and batch-side vector normalisation; 2-core machine, shared).
 
 What: :class:`~service.app.ESPApp` offers every request to :meth:`SearchFastPath.takes` first.
-It takes a POST to exactly ``/v1/search`` with an ``application/json`` body whose ``Content-
-Length`` is within ``max_body_bytes``, while no ``dependency_overrides`` are set (a test that
-overrides a dependency must get the declared route, which honours them). It parses the body
-with pydantic-core and validates it against :class:`~service.schemas.SearchRequest`; when that
-succeeds and a bundle is served, it runs the route's own
+It takes a POST to exactly ``/v1/search`` with an ``application/json`` body whose
+``Content-Length`` is within ``max_body_bytes``, while no ``dependency_overrides`` are set (a
+test that overrides a dependency must get the declared route, which honours them). It parses
+the body with pydantic-core and validates it against :class:`~service.schemas.SearchRequest`;
+when that succeeds and a bundle is served, it runs the route's own
 :func:`~service.routes.search.run_search`, answers, and counts the request in
 ``esp_requests_total`` / ``esp_request_duration_seconds`` through the metrics middleware's own
 :func:`~service.middleware.counted`. A :class:`ServiceError` is answered as the app's handler
