@@ -202,7 +202,6 @@ class Trainer:
         np.random.seed(config.seed)
         if config.threads:
             torch.set_num_threads(config.threads)
-        data_dir = Path(config.data_dir) if config.data_dir else None
         self.ctx = data_context(config)
         datas = {o.name: build_objective(o.data, self.ctx, **o.data_params) for o in config.objectives}
         intent_cfg = next((o for o in config.objectives if o.data == "intent"), None)
@@ -249,7 +248,7 @@ class Trainer:
             bs = config.trunk.encode_batch_size
             shipped = []  # precomputed features shipped with the repository (data/trunk-features)
             if config.trunk.features_shipped:
-                shipped.append((data_dir or DEFAULT_DATA_DIR) / SHIPPED_SUBDIR)
+                shipped.append((self.ctx.data_dir or DEFAULT_DATA_DIR) / SHIPPED_SUBDIR)
             feats = np.concatenate(
                 [
                     pooled_features(
