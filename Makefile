@@ -29,8 +29,8 @@ lint: setup
 DEMO_DIR ?= artifacts/demo
 demo: setup
 	@test -n "$$(find $(DEMO_DIR) -name manifest.json 2>/dev/null | head -n 1)" \
-		|| $(PY) -m subspace.cli train --config configs/demo.yaml --out $(DEMO_DIR)
-	$(PY) -m service.demo --artifacts $(DEMO_DIR) --host 127.0.0.1 --port 8000
+		|| $(PY) -m esp_cli train --config configs/demo.yaml --out $(DEMO_DIR)
+	$(PY) -m esp_cli.demo --artifacts $(DEMO_DIR) --host 127.0.0.1 --port 8000
 
 bench: setup
 	$(PY) bench/knn.py --quick

@@ -11,7 +11,7 @@ engine share this machine's cores, so the ratio is a lower bound for a dedicated
 
 Clients: ``raw`` (default) sends prepared bodies over one keep-alive connection per worker
 and costs tens of microseconds per request, so it measures the server; ``httpx`` is
-service/client.py as a caller uses it (its lean HTTP/1.1 transport: ~1 ms of client CPU per
+esp_client/client.py as a caller uses it (its lean HTTP/1.1 transport: ~1 ms of client CPU per
 request at 1 and at 32 connections), whose own CPU competes with the server for the cores;
 ``httpx_default`` is the same client on httpx's default transport (httpcore's pool: ~3 ms per
 request at 1 connection, ~10 ms at 32), for comparison.
@@ -47,10 +47,10 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
-from service import live_server
-from service.client import AsyncESPClient, search_json
+from bench import live_server
+from bench.live_server import LiveServer
+from esp_client.client import AsyncESPClient, search_json
 from service.engine import create_engine
-from service.live_server import LiveServer
 from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
@@ -501,7 +501,7 @@ def main(argv: list[str] | None = None) -> int:
         "--clients",
         default="raw",
         help="load clients, comma-separated: raw (prepared bodies on asyncio streams: the server's "
-        "cost), httpx (service/client.py: what a Python caller sees, its own CPU included) and/or "
+        "cost), httpx (esp_client/client.py: what a Python caller sees, its own CPU included) and/or "
         "httpx_default (the same client on httpx's default transport)",
     )
     args = p.parse_args(argv)

@@ -49,7 +49,7 @@ from bench._common import (
     reference_topk,
 )
 from service.engine import create_engine
-from service.engine.base import Backend
+from subspace.engine.base import Backend
 from subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 256, "entity": 96, "intent": 32})

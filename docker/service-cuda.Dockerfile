@@ -26,8 +26,9 @@ ARG CUPY_VERSION=13.6.0
 RUN python deploy/pins.py serve > /tmp/serve.txt \
     && pip install -r /tmp/serve.txt "cupy-cuda12x==${CUPY_VERSION}"
 COPY subspace subspace
+COPY encoder encoder
 COPY service service
-COPY training training
+COPY esp_cli esp_cli
 RUN pip install --no-deps .
 
 FROM ${CUDA_IMAGE}

@@ -22,8 +22,9 @@ RUN python deploy/pins.py serve --exclude torch > /tmp/serve.txt \
     && pip install -r /tmp/serve.txt
 # Code layer.
 COPY subspace subspace
+COPY encoder encoder
 COPY service service
-COPY training training
+COPY esp_cli esp_cli
 RUN pip install --no-deps .
 
 FROM ${PYTHON_IMAGE}

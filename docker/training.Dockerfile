@@ -38,11 +38,12 @@ WORKDIR /app
 COPY configs configs
 COPY data data
 COPY subspace subspace
-COPY service service
+COPY encoder encoder
 COPY training training
+COPY esp_cli esp_cli
 USER 10001:10001
 VOLUME ["/artifacts"]
 # A batch job, not a server: nothing to probe.
 HEALTHCHECK NONE
-ENTRYPOINT ["python", "-m", "subspace.cli"]
+ENTRYPOINT ["python", "-m", "esp_cli"]
 CMD ["train", "--config", "configs/demo.yaml", "--out", "/artifacts/demo"]

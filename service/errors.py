@@ -12,6 +12,20 @@ from typing import Any
 
 from starlette.responses import JSONResponse
 
+from subspace.errors import FieldError
+
+
+class NotReadyError(FieldError):
+    """Domain error: no bundle is served yet, or what is served cannot answer this now (-> 503)."""
+
+
+class OverloadedError(FieldError):
+    """Domain error: the queue is full; ``retry_after`` seconds is a fair wait (-> 429)."""
+
+    def __init__(self, message: str, retry_after: float, field: str | None = None) -> None:
+        super().__init__(message, field)
+        self.retry_after = retry_after
+
 
 class ErrorKind(StrEnum):
     VALIDATION = "validation_error"

@@ -36,7 +36,7 @@ class ServingState:
 
     bundle: Bundle
     engine: Backend
-    encoder: Any | None  # service.encoder.QueryEncoder (imports torch; loaded only when present)
+    encoder: Any | None  # encoder.query_encoder.QueryEncoder (imports torch; loaded only when present)
     docs: list[dict[str, Any]] | None
     load_seconds: float = 0.0
     loaded_at: float = field(default_factory=time.time)
@@ -71,7 +71,7 @@ class ServingState:
 def _load_encoder(bundle: Bundle) -> Any | None:
     if bundle.encoder_dir is None:
         return None
-    from service.encoder import QueryEncoder
+    from encoder.query_encoder import QueryEncoder
 
     return QueryEncoder.load(bundle.encoder_dir)
 

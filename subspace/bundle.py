@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from subspace.atomic import fsync_dir
+from subspace.errors import FieldError
 from subspace.layout import LayoutError, SubspaceLayout
 
 FORMAT_VERSION = 1
@@ -41,7 +42,7 @@ DTYPES = ("float32", "float16")
 _CHUNK = 1 << 22
 
 
-class BundleError(ValueError):
+class BundleError(FieldError):
     """A bundle that cannot be written or served; the message names the file or field."""
 
 

@@ -17,10 +17,12 @@ from typing import Any
 
 import numpy as np
 
+from subspace.errors import FieldError
+
 _NAME = re.compile(r"^[a-z][a-z0-9_]{0,62}$")
 
 
-class LayoutError(ValueError):
+class LayoutError(FieldError):
     """A layout that cannot be used; the message names the objective or field at fault."""
 
 

@@ -14,17 +14,17 @@ from typing import Any
 
 import numpy as np
 
+from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
 WeightsInput = Mapping[str, float] | Sequence[float]
 
 
-class WeightError(ValueError):
+class WeightError(FieldError):
     """Invalid request weights. ``field`` is the dotted path of the offending value."""
 
-    def __init__(self, message: str, field: str = "weights") -> None:
-        super().__init__(message)
-        self.field = field
+    def __init__(self, message: str, field: str | None = "weights") -> None:
+        super().__init__(message, field)
 
 
 def _check_value(value: Any, field: str) -> float:

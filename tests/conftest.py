@@ -16,6 +16,9 @@ from pathlib import Path
 
 import pytest
 
+# the live-server fixtures (server_factory, served, ...) for every test folder
+pytest_plugins = ["tests.live_fixtures"]
+
 TINY_DIMS = {"semantic": 16, "entity": 8, "intent": 8}
 TINY_INTENT_CLASSES = ["informational", "navigational", "transactional"]
 TINY_DOCS = 60

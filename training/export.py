@@ -1,7 +1,7 @@
 """Export a trained model as a bundle (DESIGN section 3): query encoder + corpus embeddings + manifest.
 
 The encoder folder is written by :meth:`training.model.ESPModel.save_encoder` in the format
-``service/encoder.py`` documents; the corpus is embedded with the same model (or the caller
+``encoder/query_encoder.py`` documents; the corpus is embedded with the same model (or the caller
 passes embeddings it already has, e.g. from cached frozen-trunk features). The manifest
 gets the sections ``encoder``, ``training`` (config, data hashes, final metrics) and
 ``operating_points`` (``{}`` unless given).

@@ -40,7 +40,7 @@ def index_corpus(
     """Embed ``corpus`` with ``src_bundle``'s encoder and write a bundle at ``out``; return a summary."""
     from tqdm.auto import tqdm
 
-    from service.encoder import QueryEncoder
+    from encoder.query_encoder import QueryEncoder
 
     src = read_bundle(src_bundle)
     if src.encoder_dir is None:

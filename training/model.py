@@ -31,13 +31,9 @@ import torch
 import torch.nn.functional as F  # noqa: N812 (the PyTorch convention)
 from torch import nn
 
+from subspace import encoder_format
 from subspace.layout import SubspaceLayout
 
-ENCODER_CONFIG = "esp_encoder.json"
-HEADS_FILE = "heads.safetensors"
-TRANSFORMER_DIR = "transformer"
-ENCODER_FORMAT = "esp-query-encoder"
-ENCODER_FORMAT_VERSION = 1
 SINGLE_HEAD = "shared"
 
 _TOP = re.compile(r"^top:(\d+)$")
@@ -306,7 +302,7 @@ class ESPModel(nn.Module):
 
     # --- serialisation ------------------------------------------------------------------
     def encoder_config(self) -> dict[str, Any]:
-        """The JSON the service's ``QueryEncoder`` reads (see ``service/encoder.py``)."""
+        """The JSON the service's ``QueryEncoder`` reads (see ``encoder/query_encoder.py``)."""
         intent = None
         if self.intent_objective is not None:
             intent = {
@@ -317,8 +313,8 @@ class ESPModel(nn.Module):
             }
         h = self.trunk.hidden_size
         return {
-            "format": ENCODER_FORMAT,
-            "format_version": ENCODER_FORMAT_VERSION,
+            "format": encoder_format.FORMAT,
+            "format_version": encoder_format.FORMAT_VERSION,
             "architecture": self.architecture,
             "objectives": self.objective_names,
             "pooling": "mean",
@@ -357,10 +353,11 @@ class ESPModel(nn.Module):
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
         model: Any = self.trunk.model
-        model.save_pretrained(str(out / TRANSFORMER_DIR), safe_serialization=True)
-        self.trunk.tokenizer.save_pretrained(str(out / TRANSFORMER_DIR))
-        save_file(self.head_tensors(), str(out / HEADS_FILE))
-        (out / ENCODER_CONFIG).write_text(json.dumps(self.encoder_config(), indent=2), encoding="utf-8")
+        model.save_pretrained(str(out / encoder_format.TRANSFORMER_DIR), safe_serialization=True)
+        self.trunk.tokenizer.save_pretrained(str(out / encoder_format.TRANSFORMER_DIR))
+        save_file(self.head_tensors(), str(out / encoder_format.HEADS_FILE))
+        config = json.dumps(self.encoder_config(), indent=2)
+        (out / encoder_format.CONFIG_FILE).write_text(config, encoding="utf-8")
         return out
 
 

@@ -2,7 +2,7 @@
 
 ``create_engine("auto", corpus, layout)`` tries the backends fastest-first and logs why each one
 that could not start was skipped (e.g. ``cupy: CUDA not available``). Every backend returns the
-exact float64 top k (see :mod:`service.engine.base`); they differ only in speed and memory.
+exact float64 top k (see :mod:`subspace.engine.base`); they differ only in speed and memory.
 """
 
 from __future__ import annotations
@@ -12,7 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from service.engine.base import (
+from service.engine.cupy_backend import CupyBackend
+from service.engine.faiss_backend import FaissBackend
+from service.engine.torch_backend import TorchBackend
+from subspace.engine.base import (
     PRECISIONS,
     Backend,
     BackendUnavailable,
@@ -20,10 +23,7 @@ from service.engine.base import (
     SearchResult,
     check_precision,
 )
-from service.engine.cupy_backend import CupyBackend
-from service.engine.faiss_backend import FaissBackend
-from service.engine.numpy_backend import NumpyBackend
-from service.engine.torch_backend import TorchBackend
+from subspace.engine.numpy_backend import NumpyBackend
 from subspace.layout import SubspaceLayout
 
 log = logging.getLogger(__name__)

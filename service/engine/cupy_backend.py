@@ -10,7 +10,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from service.engine.base import Backend, BackendUnavailable
+from subspace.engine.base import Backend, BackendUnavailable
 
 
 def cuda_unavailable_reason() -> str | None:

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from service.engine.base import Backend, BackendUnavailable
+from subspace.engine.base import Backend, BackendUnavailable
 
 _ADD_CHUNK = 65536
 

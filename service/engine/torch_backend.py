@@ -6,7 +6,7 @@ precision; otherwise a matrix-vector product still runs well directly (F16C conv
 kernel), while a batched product is faster after widening each chunk to float32 in a small
 per-worker buffer (torch's vectorised cast) and multiplying with numpy's BLAS, because torch's
 float32 CPU matmul (MKL) is slow on AMD CPUs (DESIGN 6b). Either way the result is re-ranked
-exactly against the master (:mod:`service.engine.base`). CUDA is not used here: the GPU path is
+exactly against the master (:mod:`subspace.engine.base`). CUDA is not used here: the GPU path is
 the ``cupy`` backend.
 """
 
@@ -19,10 +19,10 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from service.engine._gemv import rows_dot
-from service.engine.base import BackendUnavailable
-from service.engine.chunked import ChunkedBackend
-from service.engine.numpy_backend import blas_limiter
+from subspace.engine._gemv import rows_dot
+from subspace.engine.base import BackendUnavailable
+from subspace.engine.chunked import ChunkedBackend
+from subspace.engine.numpy_backend import blas_limiter
 
 
 class TorchBackend(ChunkedBackend):

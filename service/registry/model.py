@@ -32,6 +32,7 @@ import numpy as np
 
 from service.errors import ErrorKind, ServiceError
 from service.registry import assignment
+from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 from subspace.weights import WeightError, resolve_block_weights, weights_dict
 
@@ -47,13 +48,8 @@ _EXPERIMENT_KEYS = frozenset({"salt", "arms", "default_arm", "traffic", "enabled
 _ARM_KEYS = frozenset({"name", "share", "operating_point"})
 
 
-class RegistryError(ValueError):
+class RegistryError(FieldError):
     """An invalid registry (or bundle operating points). ``field`` is the dotted path at fault."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.message = message
-        self.field = field
 
 
 @dataclass(frozen=True)
@@ -275,7 +271,7 @@ def _parse_point(
     try:
         block = resolve_block_weights(dict(weights), layout, field=wfield)
     except WeightError as exc:  # all zero after completing from the layout defaults
-        raise check.fail(exc.field, str(exc)) from None
+        raise check.fail(exc.field or wfield, str(exc)) from None
     description = check.string(body.get("description", ""), _join(where, "description"))
     metrics = body.get("metrics") or {}
     metrics = check.json_value(check.mapping(metrics, _join(where, "metrics")), _join(where, "metrics"))

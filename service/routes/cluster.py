@@ -16,10 +16,10 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.clustering import METHODS, ClusteringError, cluster_keywords, dedupe_keywords, make_method
 from service.errors import ErrorKind, ServiceError
 from service.routes.deps import SettingsDep, StateDep
 from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
+from subspace.clustering import METHODS, ClusteringError, cluster_keywords, dedupe_keywords, make_method
 
 router = APIRouter(tags=["cluster"])
 

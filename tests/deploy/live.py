@@ -2,7 +2,7 @@
 
 Each runs in its own temp directory with its output in a log file (quoted when a wait fails),
 is bounded in time, and is stopped (terminate, then kill) by the fixture that started it; the
-harness is :mod:`service.live_server`, shared with the service tests and bench/http_load.py.
+harness is :mod:`bench.live_server`, shared with the service tests and bench/http_load.py.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from typing import Any
 import httpx
 import yaml
 
-from service.live_server import LiveProcess as Process
-from service.live_server import free_port, spawn, start_server
+from bench.live_server import LiveProcess as Process
+from bench.live_server import free_port, spawn, start_server
 
 __all__ = ["Process", "query", "start_prometheus", "start_service"]
 

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import yaml
 
+from esp_cli.main import main
 from subspace.bundle import read_bundle, write_bundle
-from subspace.cli import main
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 

@@ -8,10 +8,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
+from bench.live_server import LiveServer
+from esp_client.client import ESPClient, ESPError
 from service.app import create_app
-from service.client import ESPClient, ESPError
 from service.config import Settings
-from tests.service.conftest import LiveServer, rebundle
+from tests.live_fixtures import rebundle
 
 
 def test_missing_and_malformed_tokens_are_401(served: LiveServer) -> None:

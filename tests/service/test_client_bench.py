@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 
 from bench.http_load import load_level, main
+from bench.live_server import LiveServer
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
-from tests.service.conftest import LiveServer
 
 
 def test_httpx_default_client_serves_every_request(served: LiveServer, served_layout: SubspaceLayout) -> None:

@@ -7,8 +7,8 @@ from typing import Any
 import httpx
 import pytest
 
+from bench.live_server import LiveServer
 from service.config import Settings
-from tests.service.conftest import LiveServer
 
 NAMES = "['semantic', 'entity', 'intent']"
 KEYWORDS = [

@@ -8,7 +8,7 @@ from typing import Any
 import httpx
 import pytest
 
-from tests.service.conftest import LiveServer
+from bench.live_server import LiveServer
 
 D = 32  # the tiny bundle: semantic 16, entity 8, intent 8
 GOOD_VECTOR = [1.0] * D

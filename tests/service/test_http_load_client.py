@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 from bench.http_load import RawConnection, check_search, load_level
+from bench.live_server import LiveServer
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
-from tests.service.conftest import LiveServer
 
 
 @pytest.mark.parametrize(("client", "per_request"), [("raw", 1), ("raw", 3), ("httpx", 1), ("httpx", 2)])

@@ -6,9 +6,9 @@ import httpx
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from service.client import ESPClient, ESPError
+from bench.live_server import LiveServer
+from esp_client.client import ESPClient, ESPError
 from service.metrics import METRIC_NAMES
-from tests.service.conftest import LiveServer
 
 
 def _families(text: str) -> dict[str, list]:

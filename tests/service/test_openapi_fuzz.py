@@ -7,7 +7,7 @@ import schemathesis
 from hypothesis import HealthCheck, Phase, given, seed, settings
 from schemathesis import checks
 
-from tests.service.conftest import LiveServer
+from bench.live_server import LiveServer
 
 #: Checks that cannot hold for this API, and why:
 #: - positive_data_acceptance: a schema-valid body is refused when it breaks rules the schema

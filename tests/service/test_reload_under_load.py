@@ -9,9 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.client import AsyncESPClient, ESPClient, ESPError
+from bench.live_server import LiveServer
+from esp_client.client import AsyncESPClient, ESPClient, ESPError
 from subspace.bundle import read_bundle
-from tests.service.conftest import LiveServer, rebundle
+from tests.live_fixtures import rebundle
 
 CONCURRENCY = 12
 

@@ -6,6 +6,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from esp_cli.main import main as esp
 from subspace.bundle import (
     EMBEDDINGS,
     IDS,
@@ -15,7 +16,6 @@ from subspace.bundle import (
     sha256_file,
     write_bundle,
 )
-from subspace.cli import main as esp
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 

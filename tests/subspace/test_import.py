@@ -6,7 +6,7 @@ import sys
 
 def test_import_subspace_loads_neither_torch_nor_fastapi() -> None:
     code = (
-        "import sys, subspace, subspace.cli, subspace.bundle\n"
+        "import sys, subspace, esp_cli.main, subspace.bundle\n"
         "heavy = sorted(m for m in ('torch', 'fastapi', 'transformers') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

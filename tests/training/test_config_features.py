@@ -112,7 +112,7 @@ def test_esp_features_writes_a_corpus_then_reuses_it(
 ) -> None:
     import json
 
-    from subspace.cli import main
+    from esp_cli.main import main
     from training.features import pooled_features
     from training.model import Trunk, TrunkMode
 

@@ -44,7 +44,7 @@ def test_manifest_sections(tiny_bundle: Path) -> None:
 
 
 def test_query_encoder_matches_bundle_embeddings(tiny_bundle: Path, tiny_corpus) -> None:
-    from service.encoder import QueryEncoder
+    from encoder.query_encoder import QueryEncoder
     from subspace.bundle import read_bundle
 
     b = read_bundle(tiny_bundle)

@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from esp_cli.main import main
 from subspace.bundle import read_bundle
-from subspace.cli import main
 from training.data.corpus import CorpusError, read_corpus
 
 

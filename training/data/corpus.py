@@ -18,11 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from subspace.errors import FieldError
+
 TSV_SUFFIXES = (".tsv", ".txt")
 JSONL_SUFFIXES = (".jsonl", ".ndjson")
 
 
-class CorpusError(ValueError):
+class CorpusError(FieldError):
     """A corpus file that cannot be indexed; the message names the file and line."""
 
 

@@ -1,6 +1,6 @@
 """Keyword clustering at several serving-weight settings (the first paper's use of the embeddings).
 
-Clustering itself is :func:`service.clustering.cluster_embeddings` (the service's code:
+Clustering itself is :func:`subspace.clustering.cluster_embeddings` (the service's code:
 weighted-subspace distance ``1 - s/W``, agglomerative or HDBSCAN), so the benchmark measures
 what ``/v1/cluster`` would return. Scores:
 
@@ -26,7 +26,7 @@ from training.evaluate.metrics import adjusted_rand, normalized_mutual_info, pur
 
 @dataclass(frozen=True)
 class ClusterSpec:
-    """One clustering method with its parameters (``service.clustering.METHODS`` key + kwargs)."""
+    """One clustering method with its parameters (``subspace.clustering.METHODS`` key + kwargs)."""
 
     method: str
     params: Mapping[str, Any]
@@ -45,7 +45,7 @@ def cluster_scores(
     spec: ClusterSpec,
 ) -> dict[str, float]:
     """Cluster ``emb (n, D)`` at ``weights`` and score the labels against ``truth``."""
-    from service.clustering import cluster_embeddings
+    from subspace.clustering import cluster_embeddings
 
     res = cluster_embeddings(emb, layout, dict(weights), spec.method, **dict(spec.params))
     labels = res.labels

@@ -525,7 +525,7 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
             f"{p['mimics_texts']} MIMICS \"query + "
             f"refinement\" texts of {p['mimics_parents']} parent queries ({mimics_note}), "
             "embedded by the front method's models (every run of every seed) and by the "
-            "zero-shot trunk, clustered by `service.clustering` at each serving-weight setting. Intent "
+            "zero-shot trunk, clustered by `subspace.clustering` at each serving-weight setting. Intent "
             "purity leaves HDBSCAN noise out (its share is the noise column); a singleton cluster is "
             "pure by construction, so purity is also given over clusters of two or more queries, with "
             "the share of queries left in singletons (the plot shows that purity). NMI / ARI count "

@@ -10,7 +10,7 @@ import pytest
 
 from service.engine import AUTO_ORDER, BACKENDS, BackendUnavailable, EngineInputError, create_engine
 from service.engine.cupy_backend import cuda_unavailable_reason
-from service.engine.numpy_backend import NumpyBackend
+from subspace.engine.numpy_backend import NumpyBackend
 from tests.service.engine.conftest import STARTABLE, layout_of, random_rows
 
 LAYOUT = layout_of("three")

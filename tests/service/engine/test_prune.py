@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from service.engine.base import Backend
+from subspace.engine.base import Backend
 from tests.service.engine.conftest import layout_of, random_rows, reference_topk
 
 

@@ -33,16 +33,12 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (the PyTorch convention)
 
+from subspace.encoder_format import CONFIG_FILE, FORMAT, FORMAT_VERSION, HEADS_FILE, TRANSFORMER_DIR
+from subspace.errors import FieldError
 from subspace.layout import LayoutError, SubspaceLayout
 
-CONFIG_FILE = "esp_encoder.json"
-HEADS_FILE = "heads.safetensors"
-TRANSFORMER_DIR = "transformer"
-FORMAT = "esp-query-encoder"
-FORMAT_VERSION = 1
 
-
-class EncoderError(ValueError):
+class EncoderError(FieldError):
     """An encoder folder that cannot be loaded; the message names the file or field."""
 
 

@@ -13,7 +13,7 @@ numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
 
 Client CPU per request (one 384-float query, 2-core machine): httpx's default transport cost
 ~2 ms at one connection and ~8 ms at 32 (httpcore's pool scans every connection per request).
-The clients therefore default to the lean HTTP/1.1 transports of :mod:`service.client_transport`
+The clients therefore default to the lean HTTP/1.1 transports of :mod:`esp_client.transport`
 (httpx's own extension point; ~0.55 ms at 1 and at 32 connections). Pass ``transport=`` (e.g.
 ``httpx.AsyncHTTPTransport()``) to send through httpx's default transport.
 """
@@ -33,7 +33,7 @@ import numpy as np
 import pydantic_core
 from pydantic import BaseModel
 
-from service.client_transport import AsyncHTTP11Transport, HTTP11Transport
+from esp_client.transport import AsyncHTTP11Transport, HTTP11Transport
 from service.schemas import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
 
 # httpcore runs `import sniffio` several times per async request; when sniffio is not installed

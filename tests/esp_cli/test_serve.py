@@ -11,7 +11,7 @@ from pathlib import Path
 def _serve(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     clean = {k: v for k, v in os.environ.items() if not k.startswith("ESP_")}
     return subprocess.run(
-        [sys.executable, "-m", "subspace.cli", "serve", *args],
+        [sys.executable, "-m", "esp_cli", "serve", *args],
         check=False,
         capture_output=True,
         text=True,

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from service.demo import find_bundle, main, weight_vectors
+from bench.live_server import LiveServer
+from esp_cli.demo import find_bundle, main, weight_vectors
 from service.schemas import LayoutResponse, SubspaceInfo
-from tests.service.conftest import LiveServer
 
 
 def test_find_bundle_accepts_the_bundle_or_a_folder_above_it(tmp_path: Path) -> None:
@@ -50,7 +50,7 @@ def test_weight_vectors_favour_semantic_then_entity() -> None:
 
 @pytest.mark.skipif(shutil.which("curl") is None, reason="curl not installed")
 def test_printed_requests_work_and_match_the_lists(served: LiveServer) -> None:
-    from service.demo import show
+    from esp_cli.demo import show
 
     out = io.StringIO()
     results = show(served.url, "what is the capital of france", k=5, out=out)

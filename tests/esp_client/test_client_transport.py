@@ -1,4 +1,4 @@
-"""service/client_transport.py: HTTP/1.1 framing, keep-alive, retries, timeouts and the pool limit.
+"""esp_client/transport.py: HTTP/1.1 framing, keep-alive, retries, timeouts and the pool limit.
 
 A scripted loopback server (one thread per connection) answers each request with what the test
 says and records the connections and the raw requests it saw.
@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 import httpx
 import pytest
 
-from service.client_transport import AsyncHTTP11Transport, HTTP11Transport, ResponseParser, origin_of
+from esp_client.transport import AsyncHTTP11Transport, HTTP11Transport, ResponseParser, origin_of
 
 # -- the parser ------------------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.clustering import (
+from subspace.clustering import (
     METHODS,
     ClusteringError,
     _condensed_distances,

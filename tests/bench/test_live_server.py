@@ -1,4 +1,4 @@
-"""service.live_server's failure paths (the happy path is every live test): a process that dies
+"""bench.live_server's failure paths (the happy path is every live test): a process that dies
 or never gets ready is reported with its log, and is not left running."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from service.live_server import child_env, free_port, spawn
+from bench.live_server import child_env, free_port, spawn
 
 
 def test_a_process_that_exits_is_reported_with_its_exit_code_and_log(tmp_path: Path) -> None:

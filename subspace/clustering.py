@@ -43,6 +43,7 @@ from typing import Any, ClassVar, Protocol
 
 import numpy as np
 
+from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 from subspace.weights import resolve_block_weights
@@ -73,12 +74,8 @@ log = logging.getLogger(__name__)
 _CHUNK_ROWS = 1024
 
 
-class ClusteringError(ValueError):
+class ClusteringError(FieldError):
     """Bad clustering input or parameters; ``field`` names the offending option."""
-
-    def __init__(self, message: str, field: str | None = None) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 # --- the weighted geometry ----------------------------------------------------------------
@@ -538,7 +535,7 @@ def dedupe_keywords(texts: Sequence[str]) -> tuple[list[str], list[tuple[int, in
 
 
 class KeywordEncoder(Protocol):
-    """What clustering needs from ``service.encoder.QueryEncoder`` (duck-typed, torch-free)."""
+    """What clustering needs from ``encoder.query_encoder.QueryEncoder`` (duck-typed, torch-free)."""
 
     @property
     def intent_classes(self) -> list[str] | None: ...

@@ -15,13 +15,13 @@ from collections.abc import Sequence
 
 #: name -> (module, one-line summary)
 COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("training.cli_train", "train the multi-task ESP bi-encoder and export a bundle"),
-    "features": ("training.cli_features", "precompute the frozen-trunk features of a corpus"),
-    "index": ("training.cli_index", "embed a corpus file with a bundle's encoder into a new bundle"),
-    "bundle-info": ("subspace.cli_bundle_info", "validate a bundle and print its summary"),
-    "serve": ("service.cli_serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),
-    "cluster": ("service.cli_cluster", "cluster keywords on weighted subspace similarity (CSV out)"),
-    "eval": ("training.evaluate.cli", "run the ESP ablation benchmark, write reports/esp-bench.md + plots"),
+    "train": ("esp_cli.train", "train the multi-task ESP bi-encoder and export a bundle"),
+    "features": ("esp_cli.features", "precompute the frozen-trunk features of a corpus"),
+    "index": ("esp_cli.index", "embed a corpus file with a bundle's encoder into a new bundle"),
+    "bundle-info": ("esp_cli.bundle_info", "validate a bundle and print its summary"),
+    "serve": ("esp_cli.serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),
+    "cluster": ("esp_cli.cluster", "cluster keywords on weighted subspace similarity (CSV out)"),
+    "eval": ("esp_cli.eval", "run the ESP ablation benchmark, write reports/esp-bench.md + plots"),
 }
 
 

@@ -13,9 +13,9 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from service.engine._gemv import rows_dot
-from service.engine.base import BackendUnavailable
-from service.engine.chunked import ChunkedBackend
+from subspace.engine._gemv import rows_dot
+from subspace.engine.base import BackendUnavailable
+from subspace.engine.chunked import ChunkedBackend
 
 _controller: Any = None
 _controller_lock = threading.Lock()

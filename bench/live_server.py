@@ -1,7 +1,7 @@
 """Run ``esp serve`` (or any HTTP process) on a loopback port: for tests and benchmarks.
 
 One harness instead of one per caller: :func:`start_server` launches
-``python -m subspace.cli serve`` on a free port in a subprocess (settings as ``ESP_*``
+``python -m esp_cli serve`` on a free port in a subprocess (settings as ``ESP_*``
 variables, inherited ``ESP_*`` removed so the caller's shell cannot leak into a test), waits
 until ``/readyz`` answers 200 and returns a :class:`LiveServer`; :func:`spawn` starts any other
 process (Prometheus, a bare uvicorn app) the same way. Output goes to a log file, quoted when a
@@ -154,7 +154,7 @@ def start_server(
         env["ESP_ADMIN_TOKEN"] = token
     if registry is not None:
         env["ESP_REGISTRY"] = str(Path(registry).absolute())
-    cmd = [sys.executable, "-m", "subspace.cli", "serve", "--bundle", str(Path(bundle).absolute()),
+    cmd = [sys.executable, "-m", "esp_cli", "serve", "--bundle", str(Path(bundle).absolute()),
            "--host", LOOPBACK, "--port", str(port), *args]
     started = spawn("esp-serve", cmd, log_path, f"http://{LOOPBACK}:{port}", env=child_env(env))
     server = LiveServer(started.name, started.url, started.proc, started.log_path, bundle, token)

@@ -1,4 +1,4 @@
-"""service/client.py: request bodies encoded by pydantic-core say what json.dumps says."""
+"""esp_client/client.py: request bodies encoded by pydantic-core say what json.dumps says."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.client import ESPClient, ESPError, _Call, _request_args, search_json
+from bench.live_server import LiveServer
+from esp_client.client import ESPClient, ESPError, _Call, _request_args, search_json
 from subspace.layout import SubspaceLayout
-from tests.service.conftest import LiveServer
 
 
 def _call(body: Any) -> _Call[Any]:

@@ -4,7 +4,7 @@ Runs the server (``esp serve``) in the foreground; a background thread waits for
 sends the same query twice, once with semantic-heavy and once with entity-heavy weights,
 prints both top-k lists side by side and the two ``curl`` commands that reproduce them.
 
-    python -m service.demo --artifacts artifacts/demo [--query "who is robert gray"]
+    python -m esp_cli.demo --artifacts artifacts/demo [--query "who is robert gray"]
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from service.client import ESPClient, ESPError, search_json
+from esp_client.client import ESPClient, ESPError, search_json
 from service.schemas import LayoutResponse, SearchResponse
 
 DEFAULT_QUERY = "who is robert gray"
@@ -111,7 +111,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     url = f"http://{args.host}:{args.port}"
     logging.getLogger("httpx").setLevel(logging.WARNING)  # the readiness polls would flood the terminal
     threading.Thread(target=_show_in_background, args=(url, args.query), daemon=True).start()
-    from subspace.cli import main as esp
+    from esp_cli.main import main as esp
 
     serve = [
         "serve",

@@ -1,4 +1,4 @@
-"""service/client.py: its default transport is the lean one, and answers (typed results, ESPError)
+"""esp_client/client.py: its default transport is the lean one, and answers (typed results, ESPError)
 are judged as before, sync and async."""
 
 from __future__ import annotations
@@ -10,8 +10,8 @@ import httpx
 import numpy as np
 import pytest
 
-from service.client import AsyncESPClient, ESPClient, ESPError
-from service.client_transport import AsyncHTTP11Transport, HTTP11Transport
+from esp_client.client import AsyncESPClient, ESPClient, ESPError
+from esp_client.transport import AsyncHTTP11Transport, HTTP11Transport
 
 SEARCH_ANSWER = {
     "results": [{"hits": [{"id": "d1", "score": 0.5, "subspace_scores": {"a": 0.5}}]}],
@@ -114,7 +114,7 @@ def _busy_then_ok(busy: list[httpx.Response]):
 
 def test_retries_wait_retry_after_then_answer_sync(monkeypatch: pytest.MonkeyPatch) -> None:
     slept: list[float] = []
-    monkeypatch.setattr("service.client.time.sleep", slept.append)
+    monkeypatch.setattr("esp_client.client.time.sleep", slept.append)
     not_ready = httpx.Response(503, json={"type": "not_ready", "message": "loading", "field": None})
     handler, sent = _busy_then_ok([_queue_full(), not_ready])
     with ESPClient("http://h:1", retries=2, max_retry_wait=1.5, transport=httpx.MockTransport(handler)) as c:
@@ -124,7 +124,7 @@ def test_retries_wait_retry_after_then_answer_sync(monkeypatch: pytest.MonkeyPat
 
 
 def test_retries_run_out_and_other_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("service.client.time.sleep", lambda s: None)
+    monkeypatch.setattr("esp_client.client.time.sleep", lambda s: None)
     handler, sent = _busy_then_ok([_queue_full(), _queue_full()])
     with (
         ESPClient("http://h:1", retries=1, transport=httpx.MockTransport(handler)) as c,
@@ -148,7 +148,7 @@ def test_retries_async(monkeypatch: pytest.MonkeyPatch) -> None:
     async def fake_sleep(s: float) -> None:
         slept.append(s)
 
-    monkeypatch.setattr("service.client.asyncio.sleep", fake_sleep)
+    monkeypatch.setattr("esp_client.client.asyncio.sleep", fake_sleep)
     handler, sent = _busy_then_ok([_queue_full()])
 
     async def go() -> str:

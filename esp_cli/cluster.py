@@ -26,8 +26,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from service.clustering import METHODS, ClusteringError, cluster_keywords, cluster_scores, dedupe_keywords
 from subspace.atomic import atomic_open
+from subspace.clustering import METHODS, ClusteringError, cluster_keywords, cluster_scores, dedupe_keywords
+from subspace.errors import FieldError
 
 log = logging.getLogger("esp.cluster")
 
@@ -36,7 +37,7 @@ DELIMITERS = {".csv": ",", ".tsv": "\t"}
 SUFFIXES = (".txt", *DELIMITERS)
 
 
-class InputError(ValueError):
+class InputError(FieldError):
     """Unusable command-line input; the message says what is wrong and what is allowed."""
 
 
@@ -244,7 +245,7 @@ def _cluster(
 ) -> tuple[list[dict[str, Any]], list[dict[str, Any]], dict[str, Any] | None]:
     from tqdm import tqdm
 
-    from service.encoder import QueryEncoder
+    from encoder.query_encoder import QueryEncoder
     from subspace.weights import weights_dict
 
     encoder = QueryEncoder.load(bundle.encoder_dir)

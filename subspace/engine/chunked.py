@@ -19,8 +19,8 @@ from typing import Any
 
 import numpy as np
 
-from service.engine._select import TopCandidates
-from service.engine.base import Backend
+from subspace.engine._select import TopCandidates
+from subspace.engine.base import Backend
 
 _WORKING_SET = 1 << 20  # score-buffer floats per worker (4 MiB, cache-sized) when chunk_rows is not given
 _MAX_GROUP = 512  # queries scanned together; larger batches are split
@@ -97,7 +97,7 @@ class ChunkedBackend(Backend):
             return sel
 
         ranges = self._ranges(chunk)
-        # a single query runs the row-dot kernels (service.engine._gemv), which call no threaded
+        # a single query runs the row-dot kernels (subspace.engine._gemv), which call no threaded
         # BLAS: skip the limiter, whose enter/exit costs ~0.3 ms per scan
         with self._worker_limits() if nq > 1 else nullcontext():
             if len(ranges) == 1:

@@ -25,6 +25,7 @@ from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 from subspace.scoring import subspace_scores
 
@@ -48,12 +49,8 @@ class BackendUnavailable(RuntimeError):  # noqa: N818 - the name is the interfac
     """A backend cannot start here (missing library, no device, unsupported precision)."""
 
 
-class EngineInputError(ValueError):
+class EngineInputError(FieldError):
     """Bad search input; ``field`` names it (``queries``, ``block_weights``, ``k``, ...)."""
-
-    def __init__(self, message: str, field: str) -> None:
-        super().__init__(message)
-        self.field = field
 
 
 def default_threads() -> int:

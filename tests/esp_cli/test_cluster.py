@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subspace.cli import main
+from esp_cli.main import main
 from tests.conftest import TINY_INTENT_CLASSES
 
 COLUMNS = ["keyword", "cluster_id", "cluster_label", "intent", "intent_probability", "similarity_to_label"]
@@ -152,9 +152,9 @@ def test_demo_bundle_intent_weight_splits_topics_by_intent() -> None:
     """On the trained demo bundle and shipped keywords: semantic-only weights keep MIMICS
     refinements of one query together better than intent-heavy weights do, and intent-heavy
     clusters are (nearly) pure in the intent the head predicts, more so than semantic-only ones."""
-    from service.clustering import cluster_keywords, cluster_scores
-    from service.encoder import QueryEncoder
+    from encoder.query_encoder import QueryEncoder
     from subspace.bundle import read_bundle
+    from subspace.clustering import cluster_keywords, cluster_scores
 
     bundle = read_bundle(DEMO, verify_checksums=False)
     assert bundle.encoder_dir is not None

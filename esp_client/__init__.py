@@ -1,0 +1,12 @@
+"""The Python SDK of the ESP search service: typed sync and async clients over httpx.
+
+It imports nothing of the server (``service/``), so callers install it without torch or FastAPI::
+
+    from esp_client import ESPClient
+    with ESPClient("http://127.0.0.1:8000") as esp:
+        esp.search([{"text": "who is robert gray"}], k=5, weights={"entity": 1.0})
+"""
+
+from esp_client.client import AsyncESPClient, ESPClient, ESPError
+
+__all__ = ["AsyncESPClient", "ESPClient", "ESPError"]

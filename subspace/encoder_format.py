@@ -1,0 +1,14 @@
+"""The file format of a bundle's ``encoder/`` folder: one copy of its names and version.
+
+Training writes the folder (``training.model.ESPModel.save_encoder``) and the query encoder
+reads it (``encoder.query_encoder.QueryEncoder.load``); both take these constants from here.
+The folder's layout and fields are documented in :mod:`encoder.query_encoder`.
+"""
+
+from __future__ import annotations
+
+CONFIG_FILE = "esp_encoder.json"  # format, architecture, pooling, heads, layout, intent, ...
+HEADS_FILE = "heads.safetensors"  # adapter + per-block heads + intent prototypes
+TRANSFORMER_DIR = "transformer"  # the trunk: config.json + model.safetensors + tokenizer files
+FORMAT = "esp-query-encoder"
+FORMAT_VERSION = 1

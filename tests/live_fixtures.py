@@ -1,0 +1,126 @@
+"""Live-server fixtures (a plugin of ``tests/conftest.py``): bundles built in the test, and the real server (uvicorn via ``esp serve``).
+
+``server_factory(bundle, **settings)`` launches ``python -m esp_cli serve`` on a free
+loopback port in a subprocess (:func:`bench.live_server.start_server`), waits for ``/readyz``
+and returns a :class:`LiveServer` (``url``, ``log()``, ``stop()``). ``served`` is one
+session-scoped server on a copy of the tiny bundle (encoder + docs) with an admin token and a
+registry file holding an experiment; tests that change what is served start their own.
+"""
+
+from __future__ import annotations
+
+import json
+import secrets
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from bench.live_server import LiveServer, start_server
+from subspace.bundle import read_bundle, write_bundle
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+
+REGISTRY_DOC: dict[str, Any] = {
+    "version": 1,
+    "operating_points": {
+        "semantic_heavy": {"weights": {"semantic": 1.0, "entity": 0.05, "intent": 0.05}},
+        "entity_heavy_reg": {"weights": {"semantic": 0.05, "entity": 1.0, "intent": 0.05}},
+    },
+    "experiments": {
+        "ent": {
+            "salt": "ent-v1",
+            "arms": [
+                {"name": "control", "share": 0.5, "operating_point": "semantic_heavy"},
+                {"name": "treatment", "share": 0.5, "operating_point": "entity_heavy_reg"},
+            ],
+        }
+    },
+}
+
+
+#: What every test server runs with unless a test says otherwise (exact and one thread: stable).
+SERVER_DEFAULTS: dict[str, Any] = {"backend": "numpy", "threads": 1}
+
+
+@pytest.fixture(scope="session")
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """``make(bundle, token=..., registry=..., **settings)``: a started server, stopped at the end."""
+    started: list[LiveServer] = []
+
+    def make(
+        bundle: Path, *, token: str | None = None, registry: Path | None = None, **settings: Any
+    ) -> LiveServer:
+        log_path = tmp_path_factory.mktemp("server") / "server.log"
+        server = start_server(
+            bundle, log_path, settings={**SERVER_DEFAULTS, **settings}, token=token, registry=registry
+        )
+        started.append(server)
+        return server
+
+    yield make
+    for server in started:
+        server.stop()
+
+
+def rebundle(src: Path, out: Path, *, seed: int, corrupt: bool = False) -> Path:
+    """A new valid bundle with ``src``'s layout, ids, docs, encoder and operating points but
+    different (seeded) embeddings, hence a different version. ``corrupt``: then flip bytes in
+    its embeddings so the checksum no longer matches."""
+    b = read_bundle(src)
+    rng = np.random.default_rng(seed)
+    emb = normalize_blocks(rng.standard_normal(b.embeddings.shape).astype(np.float32), b.layout)
+    sections = {
+        k: v
+        for k, v in b.manifest.items()
+        if k not in {"format_version", "version", "layout", "corpus", "files"}
+    }
+    write_bundle(out, b.layout, emb, b.ids, docs=b.docs(), encoder_dir=b.encoder_dir, sections=sections)
+    if corrupt:
+        path = out / "embeddings.npy"
+        data = bytearray(path.read_bytes())
+        data[-8:] = bytes(255 - x for x in data[-8:])
+        path.write_bytes(bytes(data))
+    return out
+
+
+@pytest.fixture(scope="session")
+def served_bundle(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    dest = tmp_path_factory.mktemp("served") / "bundle"
+    shutil.copytree(tiny_bundle, dest)
+    return dest
+
+
+@pytest.fixture(scope="session")
+def registry_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    path = tmp_path_factory.mktemp("registry") / "registry.json"
+    path.write_text(json.dumps(REGISTRY_DOC), encoding="utf-8")
+    return path
+
+
+@pytest.fixture(scope="session")
+def admin_token() -> str:
+    return "tok-" + secrets.token_hex(16)
+
+
+@pytest.fixture(scope="session")
+def served(
+    served_bundle: Path, registry_file: Path, admin_token: str, server_factory: Callable[..., LiveServer]
+) -> LiveServer:
+    """The shared server: tiny bundle, numpy backend, admin token, registry with experiment 'ent'."""
+    return server_factory(
+        served_bundle,
+        token=admin_token,
+        registry=registry_file,
+        max_queries=8,
+        max_k=50,
+        max_body_bytes=65536,
+    )
+
+
+@pytest.fixture(scope="session")
+def served_layout(served_bundle: Path) -> SubspaceLayout:
+    return read_bundle(served_bundle).layout
