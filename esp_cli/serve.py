@@ -15,6 +15,7 @@ import argparse
 import os
 import sys
 
+from service.engine import BACKENDS, PRECISIONS
 from subspace.bundle import BundleError, read_manifest
 
 #: option dest -> settings environment variable
@@ -39,8 +40,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--workers", type=int, default=1, help="uvicorn worker processes (each loads the bundle)"
     )
-    parser.add_argument("--backend", help="engine backend: auto, numpy, torch, faiss, cupy")
-    parser.add_argument("--precision", help="index precision: float32, bfloat16, float16")
+    parser.add_argument("--backend", help=f"engine backend: {', '.join(['auto', *BACKENDS])} (default auto)")
+    parser.add_argument("--precision", help=f"index precision: {', '.join(PRECISIONS)} (default float32)")
     parser.add_argument("--threads", type=int, help="engine threads")
     parser.add_argument("--registry", help="operating points / experiments file (YAML or JSON)")
     parser.add_argument("--max-batch", type=int, help="queries per micro-batch")

@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.engine import BACKENDS, PRECISIONS
+
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ESP_", extra="ignore")
@@ -25,8 +27,8 @@ class Settings(BaseSettings):
     )
     host: str = "127.0.0.1"
     port: int = Field(8000, ge=1, le=65535)
-    backend: str = Field("auto", description="engine backend: auto, numpy, torch, faiss, cupy")
-    precision: str = Field("float32", description="index precision: float32, bfloat16, float16")
+    backend: str = Field("auto", description=f"engine backend: {', '.join(['auto', *BACKENDS])}")
+    precision: str = Field("float32", description=f"index precision: {', '.join(PRECISIONS)}")
     threads: int | None = Field(None, ge=1, description="engine threads (default: all cores)")
     max_queries: int = Field(256, ge=1, description="queries per request")
     max_k: int = Field(1000, ge=1, description="largest k a request may ask for")
