@@ -36,7 +36,7 @@ BACKENDS: dict[str, type[Backend]] = {
     CupyBackend.name: CupyBackend,
 }
 
-# "auto": fastest first, per storage precision, as measured by bench/knn.py on a 2-core CPU
+# "auto": fastest first, per storage precision, as bench/knn.py ranks them on CPUs without a GPU
 AUTO_ORDER: dict[str, tuple[str, ...]] = {
     "float32": ("cupy", "numpy", "torch", "faiss"),
     "float16": ("cupy", "torch", "faiss", "numpy"),

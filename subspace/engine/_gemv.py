@@ -1,9 +1,9 @@
 """One query against many rows: the batch-1 scan kernel, the memory-bound case.
 
 A batch-1 scan reads every stored byte once, so its speed is the read bandwidth the kernel
-sustains. Measured on a 2-core AVX2 AMD machine (N=200k, d=384, float32, one thread), as a
-fraction of ``torch.sum`` streaming the same bytes: faiss ``fvec_inner_products_ny`` ~0.85,
-numpy ``vecdot`` (one BLAS dot call per row) ~0.70, OpenBLAS sgemv and ``torch.mv`` ~0.55.
+sustains. Streaming kernels rank, as a fraction of plain read bandwidth (``bench/knn.py``
+compares them on the machine at hand): faiss ``fvec_inner_products_ny`` first, numpy ``vecdot``
+(one BLAS dot call per row) next, OpenBLAS sgemv and ``torch.mv`` last.
 So the faiss kernel is used when faiss is installed and the rows are contiguous float32;
 numpy's row-dot loop otherwise. Both release the GIL, so worker threads scan in parallel.
 """

@@ -52,8 +52,8 @@ class ChunkedBackend(Backend):
 
     def _chunk_for(self, nq: int) -> int:
         """Rows per step. One query streams long chunks; a batched product wants the corpus
-        chunk (which BLAS packs) and the score buffer to stay in cache (measured by bench/knn.py
-        on a 2-core AMD machine: 1024 rows at 16 queries, 4096 at 256)."""
+        chunk (which BLAS packs) and the score buffer to stay in cache (sizes chosen with
+        bench/knn.py: fewer rows for small batches, more for large ones)."""
         if self.chunk_rows:
             return self.chunk_rows
         if nq == 1:
@@ -98,7 +98,7 @@ class ChunkedBackend(Backend):
 
         ranges = self._ranges(chunk)
         # a single query runs the row-dot kernels (subspace.engine._gemv), which call no threaded
-        # BLAS: skip the limiter, whose enter/exit costs ~0.3 ms per scan
+        # BLAS: skip the limiter, whose enter/exit costs more than a small scan
         with self._worker_limits() if nq > 1 else nullcontext():
             if len(ranges) == 1:
                 sels = [work(ranges[0])]

@@ -38,9 +38,8 @@ class NumpyBackend(ChunkedBackend):
     name: ClassVar[str] = "numpy"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16")
     # batches in this range copy each float32 chunk into a per-worker buffer before the product:
-    # OpenBLAS then packs it from cache instead of from DRAM (engine searches, 400k rows, 2 threads,
-    # on a 2-core AMD machine: 10-20% less time at 2, 4, 6, 16 and 64 queries; at 256 the chunk is
-    # 4x larger, outgrows the cache, and the copy costs more than it saves)
+    # OpenBLAS then packs it from cache instead of from DRAM (bench/knn.py: less time from 2 to 64
+    # queries; at 256 the chunk is 4x larger, outgrows the cache, and the copy costs more than it saves)
     stage_batches: ClassVar[tuple[int, int]] = (2, 64)
 
     def _load(self, corpus: np.ndarray) -> None:
