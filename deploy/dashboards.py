@@ -12,7 +12,6 @@ really exports (service/metrics.py).
 
 from __future__ import annotations
 
-import argparse
 import json
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -25,7 +24,7 @@ from grafana_foundation_sdk.models import common as cm
 from grafana_foundation_sdk.models import dashboard as gm
 
 from deploy.chart import CHART_DIR
-from deploy.files import sync
+from deploy.files import generator_main
 
 DASHBOARDS_DIR = CHART_DIR / "dashboards"
 DATASOURCE = gm.DataSourceRef(type_val="prometheus", uid="${datasource}")
@@ -246,10 +245,7 @@ def build() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.dashboards", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
-    args = parser.parse_args(argv)
-    return sync(DASHBOARDS_DIR, build(), "*.json", check=args.check, generator="deploy.dashboards")
+    return generator_main("deploy.dashboards", __doc__ or "", DASHBOARDS_DIR, build, "*.json", argv=argv)
 
 
 if __name__ == "__main__":

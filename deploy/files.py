@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import argparse
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from subspace.atomic import atomic_write_text
@@ -57,3 +58,19 @@ def sync(root: Path, files: Mapping[str, str], pattern: str, *, check: bool, gen
             path.unlink()
     print(f"{generator}: {len(files)} files under {shown(root)}, {len(problems)} updated")
     return 0
+
+
+def generator_main(
+    generator: str,
+    doc: str,
+    root: Path,
+    build: Callable[[], Mapping[str, str]],
+    pattern: str,
+    *,
+    argv: list[str] | None = None,
+) -> int:
+    """The command line of a generator module: write its files, or ``--check`` for drift."""
+    parser = argparse.ArgumentParser(prog=f"python -m {generator}", description=doc.splitlines()[0])
+    parser.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
+    args = parser.parse_args(argv)
+    return sync(root, build(), pattern, check=args.check, generator=generator)

@@ -10,13 +10,12 @@ for that scenario, which tests/deploy/test_manifests.py checks object by object.
 
 from __future__ import annotations
 
-import argparse
 from typing import Any
 
 import yaml
 
 from deploy.chart import CHART_DIR, RELEASE, documents, render, scenario_values
-from deploy.files import REPO_ROOT, sync
+from deploy.files import REPO_ROOT, generator_main
 
 MANIFESTS_DIR = REPO_ROOT / "k8s-manifests"
 #: overlay name -> chart CI scenario it is rendered from.
@@ -77,10 +76,7 @@ def build() -> dict[str, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.manifests", description=__doc__.splitlines()[0])
-    parser.add_argument("--check", action="store_true", help="only report drift; exit 1 if any")
-    args = parser.parse_args(argv)
-    return sync(MANIFESTS_DIR, build(), "**/*.yaml", check=args.check, generator="deploy.manifests")
+    return generator_main("deploy.manifests", __doc__ or "", MANIFESTS_DIR, build, "**/*.yaml", argv=argv)
 
 
 if __name__ == "__main__":

@@ -24,7 +24,6 @@ eval mode under ``torch.inference_mode()``, so it is deterministic.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,6 +34,7 @@ import torch.nn.functional as F  # noqa: N812 (the PyTorch convention)
 
 from subspace.encoder_format import CONFIG_FILE, FORMAT, FORMAT_VERSION, HEADS_FILE, TRANSFORMER_DIR
 from subspace.errors import FieldError
+from subspace.jsonfile import read_json_object
 from subspace.layout import LayoutError, SubspaceLayout
 
 
@@ -101,13 +101,7 @@ class QueryEncoder:
         root = Path(encoder_dir)
         if threads is not None:
             torch.set_num_threads(int(threads))
-        cfg_path = root / CONFIG_FILE
-        if not cfg_path.is_file():
-            raise EncoderError(f"{cfg_path}: missing (is {root} an encoder folder?)")
-        try:
-            config = json.loads(cfg_path.read_text(encoding="utf-8"))
-        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-            raise EncoderError(f"{CONFIG_FILE}: not valid JSON ({exc})") from exc
+        config = read_json_object(root / CONFIG_FILE, EncoderError, folder="an encoder folder")
         if config.get("format") != FORMAT or config.get("format_version") != FORMAT_VERSION:
             raise EncoderError(
                 f"{CONFIG_FILE}: format {config.get('format')!r} v{config.get('format_version')!r} "

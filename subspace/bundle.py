@@ -30,6 +30,7 @@ import numpy as np
 
 from subspace.atomic import fsync_dir
 from subspace.errors import FieldError
+from subspace.jsonfile import read_json_object
 from subspace.layout import LayoutError, SubspaceLayout
 
 FORMAT_VERSION = 1
@@ -198,18 +199,12 @@ def json_default(obj: Any) -> Any:
 
 def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     """Parse and shape-check ``manifest.json`` only (cheap; no checksums)."""
-    p = Path(path) / MANIFEST
-    if not p.is_file():
-        raise BundleError(f"{p}: missing (is {Path(path)} a bundle directory?)")
-    try:
-        manifest = json.loads(p.read_text(encoding="utf-8"))
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise BundleError(f"{MANIFEST}: not valid JSON ({exc})") from exc
-    if not isinstance(manifest, dict):
-        raise BundleError(f"{MANIFEST}: must be a JSON object")
-    for key in ("format_version", "version", "layout", "corpus", "files"):
-        if key not in manifest:
-            raise BundleError(f"{MANIFEST}: missing field {key!r}")
+    manifest = read_json_object(
+        Path(path) / MANIFEST,
+        BundleError,
+        required=("format_version", "version", "layout", "corpus", "files"),
+        folder="bundle directory",
+    )
     if manifest["format_version"] != FORMAT_VERSION:
         raise BundleError(
             f"{MANIFEST}: format_version {manifest['format_version']!r} is not supported "

@@ -1,0 +1,33 @@
+"""Read a JSON object from a file of a bundle or an encoder folder, every problem one error.
+
+The bundle's ``manifest.json`` and the encoder's ``esp_encoder.json`` are read the same way:
+missing, not JSON, not an object, or without a required field is one ``error`` naming the file.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from subspace.errors import FieldError
+
+
+def read_json_object(
+    path: Path, error: type[FieldError], *, required: Iterable[str] = (), folder: str = "directory"
+) -> dict[str, Any]:
+    """The JSON object in ``path``; raises ``error`` (message names the file, ``folder`` what
+    ``path.parent`` should be) when it is missing, invalid, not an object or lacks a key."""
+    if not path.is_file():
+        raise error(f"{path}: missing (is {path.parent} a {folder}?)")
+    try:
+        obj = json.loads(path.read_text(encoding="utf-8"))
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise error(f"{path.name}: not valid JSON ({exc})") from exc
+    if not isinstance(obj, dict):
+        raise error(f"{path.name}: must be a JSON object")
+    for key in required:
+        if key not in obj:
+            raise error(f"{path.name}: missing field {key!r}")
+    return obj
