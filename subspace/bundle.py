@@ -1,4 +1,4 @@
-"""The artifact bundle: the contract between training and serving (DESIGN section 3).
+"""The artifact bundle: the contract between training and serving (docs/architecture.md section 4).
 
 A bundle is a directory::
 

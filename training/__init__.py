@@ -1,4 +1,4 @@
-"""Offline training of the multi-task ESP bi-encoder (DESIGN section 4) and its export as a bundle.
+"""Offline training of the multi-task ESP bi-encoder (docs/architecture.md section 5) and its export as a bundle.
 
 Python API (no CLI needed)::
 

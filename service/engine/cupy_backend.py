@@ -1,4 +1,4 @@
-"""``cupy``: the GPU backend's slot (fp16/bf16 matrix product + top-k on the device, DESIGN 5).
+"""``cupy``: the GPU backend's slot (fp16/bf16 matrix product + top-k on the device).
 
 Not implemented yet: the GPU issue fills it. Until then it never starts, and says why, so that
 ``auto`` and explicit fallback chains log the reason and move on to a CPU backend.

@@ -5,8 +5,8 @@ native bf16/fp16 matrix units (AVX-512 BF16/FP16, AMX) the product runs directly
 precision; otherwise a matrix-vector product still runs well directly (F16C conversion in the
 kernel), while a batched product is faster after widening each chunk to float32 in a small
 per-worker buffer (torch's vectorised cast) and multiplying with numpy's BLAS, because torch's
-float32 CPU matmul (MKL) is slow on AMD CPUs (DESIGN 6b). Either way the result is re-ranked
-exactly against the master (:mod:`subspace.engine.base`). CUDA is not used here: the GPU path is
+float32 CPU matmul (MKL) is slow on AMD CPUs (``bench/knn.py`` compares them). Either way the
+result is re-ranked exactly against the master (:mod:`subspace.engine.base`). CUDA is not used here: the GPU path is
 the ``cupy`` backend.
 """
 

@@ -1,6 +1,7 @@
 """Running top-``c`` per query over a chunked scan, by threshold filtering.
 
-``argpartition`` over every chunk is single-threaded and dominates a batched scan (DESIGN 6b).
+``argpartition`` over every chunk is single-threaded and dominates a batched scan
+(``bench/knn.py`` shows it).
 Instead each query keeps a threshold (its ``c``-th best score so far): a chunk costs one
 vectorised comparison, and only the few entries at or above the threshold are kept and merged
 now and then. Entries tied with the threshold are always kept, so ties at the cut survive for

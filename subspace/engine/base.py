@@ -1,6 +1,6 @@
 """The engine contract: exact weighted top-k over one concatenated, block-normalised corpus.
 
-DESIGN section 1: with block-normalised rows and weights ``w_k >= 0``,
+docs/architecture.md section 1: with block-normalised rows and weights ``w_k >= 0``,
 ``score(q, d) = sum_k w_k <q_k, d_k> = <concat_k(w_k q_k), d>``, so a backend only ever scans
 block-*scaled* queries against the unchanged corpus. Every backend follows the same recipe:
 
