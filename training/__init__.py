@@ -1,4 +1,4 @@
-"""Offline training of the multi-task ESP bi-encoder (docs/architecture.md section 5) and its export as a bundle.
+"""Offline training of the multi-task ESP bi-encoder and its export as a bundle (docs/architecture.md s. 5).
 
 Python API (no CLI needed)::
 

@@ -6,8 +6,8 @@ precision; otherwise a matrix-vector product still runs well directly (F16C conv
 kernel), while a batched product is faster after widening each chunk to float32 in a small
 per-worker buffer (torch's vectorised cast) and multiplying with numpy's BLAS, because torch's
 float32 CPU matmul (MKL) is slow on AMD CPUs (``bench/knn.py`` compares them). Either way the
-result is re-ranked exactly against the master (:mod:`subspace.engine.base`). CUDA is not used here: the GPU path is
-the ``cupy`` backend.
+result is re-ranked exactly against the master (:mod:`subspace.engine.base`). CUDA is not used
+here: the GPU path is the ``cupy`` backend.
 """
 
 from __future__ import annotations
