@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from esp_client.client import ESPClient, ESPError, search_json
-from service.schemas import LayoutResponse, SearchResponse
+from esp_client.models import LayoutResponse, SearchResponse
 
 DEFAULT_QUERY = "who is robert gray"
 HEAVY, LIGHT = 1.0, 0.1

@@ -1,6 +1,7 @@
 """The Python SDK of the ESP search service: typed sync and async clients over httpx.
 
-It imports nothing of the server (``service/``), so callers install it without torch or FastAPI::
+It imports nothing of the server (``service/``; its answer models are :mod:`esp_client.models`),
+so callers install it without torch or FastAPI::
 
     from esp_client import ESPClient
     with ESPClient("http://127.0.0.1:8000") as esp:
@@ -8,5 +9,16 @@ It imports nothing of the server (``service/``), so callers install it without t
 """
 
 from esp_client.client import AsyncESPClient, ESPClient, ESPError
+from esp_client.models import Health, Hit, LayoutResponse, Readiness, ReloadResponse, SearchResponse
 
-__all__ = ["AsyncESPClient", "ESPClient", "ESPError"]
+__all__ = [
+    "AsyncESPClient",
+    "ESPClient",
+    "ESPError",
+    "Health",
+    "Hit",
+    "LayoutResponse",
+    "Readiness",
+    "ReloadResponse",
+    "SearchResponse",
+]

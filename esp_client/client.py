@@ -1,6 +1,6 @@
 """An httpx client for the search service, sync (:class:`ESPClient`) and async (:class:`AsyncESPClient`).
 
-Results are the typed models of :mod:`service.schemas`; an error response raises
+Results are typed models (:mod:`esp_client.models`); an error response raises
 :class:`ESPError` carrying the service's ``type``, ``message``, ``field`` and status (and
 ``retry_after`` for 429/503). Queries may be given as a text (``str``), a vector (list or
 numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
@@ -11,11 +11,11 @@ numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
         for hit in res.results[0].hits:
             print(hit.id, hit.score, hit.subspace_scores)
 
-Client CPU per request (one 384-float query, 2-core machine): httpx's default transport cost
-~2 ms at one connection and ~8 ms at 32 (httpcore's pool scans every connection per request).
-The clients therefore default to the lean HTTP/1.1 transports of :mod:`esp_client.transport`
-(httpx's own extension point; ~0.55 ms at 1 and at 32 connections). Pass ``transport=`` (e.g.
-``httpx.AsyncHTTPTransport()``) to send through httpx's default transport.
+Requests go through httpx (its own default transport, connection pool and exceptions); pass
+``transport=`` (any httpx transport, e.g. ``httpx.MockTransport`` in tests) or a ready
+``http_client=`` (an ``httpx.Client`` / ``httpx.AsyncClient`` whose timeout, limits, proxies and
+certificates you chose, and whose lifetime you own) to change how. The models are the SDK's own
+(:mod:`esp_client.models`): the client imports nothing of the server.
 """
 
 from __future__ import annotations
@@ -33,12 +33,11 @@ import numpy as np
 import pydantic_core
 from pydantic import BaseModel
 
-from esp_client.transport import AsyncHTTP11Transport, HTTP11Transport
-from service.schemas import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
+from esp_client.models import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
 
-# httpcore runs `import sniffio` several times per async request; when sniffio is not installed
-# each failed import searches sys.path again (~1 ms apiece, the client's largest cost). Caching
-# the miss makes it fail fast; httpcore then assumes asyncio, which is what this client uses.
+# httpcore runs `import sniffio` on every lock of its async pool; when sniffio is not installed
+# each failed import searches sys.path again. Caching the miss makes it fail fast; httpcore
+# then assumes asyncio, which is what this client uses.
 if importlib.util.find_spec("sniffio") is None:
     sys.modules.setdefault("sniffio", None)  # type: ignore[arg-type]
 
@@ -217,10 +216,18 @@ class _Calls:
         return _Call("POST", "/v1/admin/reload", _model(ReloadResponse), json=body, headers=headers)
 
 
+def _own_or_given(http_client: Any, transport: Any) -> bool:
+    """True when the SDK builds (and closes) its httpx client; refuses both arguments at once."""
+    if http_client is not None and transport is not None:
+        raise ValueError("give transport= or http_client=, not both (the client carries its transport)")
+    return http_client is None
+
+
 class ESPClient:
     """Blocking client. ``admin_token`` is only sent to ``/v1/admin/*``. ``retries``: how often a
     429 (queue full) or 503 (not ready) answer is sent again, after its ``Retry-After`` (capped at
-    ``max_retry_wait`` seconds); 0 (default) raises :class:`ESPError` at once."""
+    ``max_retry_wait`` seconds); 0 (default) raises :class:`ESPError` at once. ``transport`` or
+    ``http_client``: see the module docstring (``timeout`` applies to a client built here)."""
 
     def __init__(
         self,
@@ -231,17 +238,20 @@ class ESPClient:
         retries: int = 0,
         max_retry_wait: float = 5.0,
         transport: httpx.BaseTransport | None = None,
+        http_client: httpx.Client | None = None,
     ) -> None:
-        if transport is None:
-            transport = HTTP11Transport()  # lean HTTP/1.1; https goes to httpx's own transport
-        self._http = httpx.Client(base_url=base_url, timeout=timeout, transport=transport)
+        self._owned = _own_or_given(http_client, transport)
+        if http_client is None:
+            http_client = httpx.Client(timeout=timeout, transport=transport)
+        self._http = http_client
+        self._base = base_url.rstrip("/")
         self._calls = _Calls(admin_token)
         self._retries, self._max_retry_wait = retries, max_retry_wait
 
     def _do(self, call: _Call[T]) -> T:
         attempt = 0
         while True:
-            resp = self._http.request(call.method, call.url, **_request_args(call))
+            resp = self._http.request(call.method, self._base + call.url, **_request_args(call))
             delay = retry_delay(resp, attempt, self._retries, self._max_retry_wait)
             if delay is None:
                 break
@@ -290,7 +300,9 @@ class ESPClient:
         return self._do(self._calls.reload(path, token))
 
     def close(self) -> None:
-        self._http.close()
+        """Closes the httpx client if this SDK built it (a given ``http_client`` stays open)."""
+        if self._owned:
+            self._http.close()
 
     def __enter__(self) -> ESPClient:
         return self
@@ -312,18 +324,21 @@ class AsyncESPClient:
         retries: int = 0,
         max_retry_wait: float = 5.0,
         transport: httpx.AsyncBaseTransport | None = None,
+        http_client: httpx.AsyncClient | None = None,
     ) -> None:
+        self._owned = _own_or_given(http_client, transport)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
-        if transport is None:
-            transport = AsyncHTTP11Transport(limits)
-        self._http = httpx.AsyncClient(base_url=base_url, timeout=timeout, limits=limits, transport=transport)
+        if http_client is None:
+            http_client = httpx.AsyncClient(timeout=timeout, limits=limits, transport=transport)
+        self._http = http_client
+        self._base = base_url.rstrip("/")
         self._calls = _Calls(admin_token)
         self._retries, self._max_retry_wait = retries, max_retry_wait
 
     async def _do(self, call: _Call[T]) -> T:
         attempt = 0
         while True:
-            resp = await self._http.request(call.method, call.url, **_request_args(call))
+            resp = await self._http.request(call.method, self._base + call.url, **_request_args(call))
             delay = retry_delay(resp, attempt, self._retries, self._max_retry_wait)
             if delay is None:
                 break
@@ -370,7 +385,8 @@ class AsyncESPClient:
         return await self._do(self._calls.reload(path, token))
 
     async def aclose(self) -> None:
-        await self._http.aclose()
+        if self._owned:
+            await self._http.aclose()
 
     async def __aenter__(self) -> AsyncESPClient:
         return self

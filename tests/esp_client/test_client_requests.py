@@ -1,5 +1,5 @@
-"""esp_client/client.py: its default transport is the lean one, and answers (typed results, ESPError)
-are judged as before, sync and async."""
+"""esp_client/client.py: it sends through httpx's own transport (or the one, or the httpx client, it is
+given), and answers (typed results, ESPError, retries) are judged the same, sync and async."""
 
 from __future__ import annotations
 
@@ -11,7 +11,6 @@ import numpy as np
 import pytest
 
 from esp_client.client import AsyncESPClient, ESPClient, ESPError
-from esp_client.transport import AsyncHTTP11Transport, HTTP11Transport
 
 SEARCH_ANSWER = {
     "results": [{"hits": [{"id": "d1", "score": 0.5, "subspace_scores": {"a": 0.5}}]}],
@@ -34,21 +33,47 @@ def test_cookies_set_by_the_server_are_sent_back() -> None:
     assert sent == [None, "sticky=1"]
 
 
-def test_default_transports_are_the_lean_ones_and_a_given_one_is_used() -> None:
+def test_default_transports_are_httpx_own_and_a_given_one_is_used() -> None:
     with ESPClient("http://h:1") as c:
-        assert isinstance(c._http._transport, HTTP11Transport)
+        assert isinstance(c._http._transport, httpx.HTTPTransport)
 
     async def check() -> None:
         async with AsyncESPClient("http://h:1", max_connections=3) as ac:
             transport = ac._http._transport
-            assert isinstance(transport, AsyncHTTP11Transport)
-            assert transport._max == 3
+            assert isinstance(transport, httpx.AsyncHTTPTransport)
+            assert transport._pool._max_connections == 3
         mock = httpx.MockTransport(lambda r: httpx.Response(200, json=SEARCH_ANSWER))
         async with AsyncESPClient("http://h:1", transport=mock) as ac:
             assert ac._http._transport is mock
             assert (await ac.search([1.0, 0.0])).results[0].hits[0].id == "d1"
 
     asyncio.run(check())
+
+
+def test_a_given_httpx_client_is_used_and_left_open() -> None:
+    urls: list[str] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        urls.append(str(request.url))
+        return httpx.Response(200, json=SEARCH_ANSWER)
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    with ESPClient("http://h:1/base/", http_client=http) as c:
+        assert c.search([1.0, 0.0]).results[0].hits[0].id == "d1"
+    assert urls == ["http://h:1/base/v1/search"]
+    assert not http.is_closed  # the caller owns it
+    http.close()
+
+    async def check() -> None:
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as ahttp:
+            async with AsyncESPClient("http://h:2", http_client=ahttp) as ac:
+                await ac.search([1.0, 0.0])
+            assert not ahttp.is_closed
+
+    asyncio.run(check())
+    assert urls[-1] == "http://h:2/v1/search"
+    with httpx.Client() as other, pytest.raises(ValueError, match="not both"):
+        ESPClient("http://h:1", http_client=other, transport=httpx.MockTransport(handler))
 
 
 def _overloaded(request: httpx.Request) -> httpx.Response:
