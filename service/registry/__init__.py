@@ -1,5 +1,7 @@
 """Operating points and A/B experiments: the registry file, deterministic arms, hot reload.
 
+- :mod:`.schema`: the file as strict pydantic models; their errors become one
+  :class:`RegistryError` (:mod:`.errors`) naming the dotted field and what is allowed.
 - :mod:`.model`: :class:`Registry` (validated, immutable), :class:`OperatingPoint`,
   :class:`Experiment`, :class:`Arm`, and :meth:`Registry.resolve`, which turns one query's
   ``weights`` / ``operating_point`` / ``experiment`` + ``unit_id`` into ``(K,)`` weights.
@@ -8,18 +10,13 @@
 - :mod:`.watcher`: :class:`RegistryWatcher`, which re-reads the file (ConfigMap symlink swaps
   included), validates it against the served layout and keeps the old one when it is bad.
 
+Imports point one way: errors <- loader, schema <- model <- watcher.
+
 ``python -m service.registry check FILE --bundle DIR`` validates a file before it ships.
 """
 
-from service.registry.model import (
-    Arm,
-    Assignment,
-    Experiment,
-    OperatingPoint,
-    Registry,
-    RegistryError,
-    Resolved,
-)
+from service.registry.errors import RegistryError
+from service.registry.model import Arm, Assignment, Experiment, OperatingPoint, Registry, Resolved
 from service.registry.watcher import RegistryWatcher
 
 __all__ = [

@@ -17,7 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from service.registry.model import Registry, RegistryError
+from service.registry.errors import RegistryError
+from service.registry.model import Registry
 from subspace.layout import LayoutError, SubspaceLayout
 
 
@@ -67,20 +68,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     try:
         registry = _load(args)
-        if args.command == "assign":
-            for unit in args.unit_ids:
-                a = registry.assignment(args.experiment, unit)
-                print(f"{unit}\t{a.arm.name}\t{a.arm.operating_point}" + ("" if a.included else "\texcluded"))
-            return 0
     except RegistryError as exc:
         print(f"invalid: {exc.message}", file=sys.stderr)
         return 1
-    except Exception as exc:  # ServiceError (unknown experiment), BundleError: say it plainly
+    except Exception as exc:  # BundleError, an unreadable bundle: say it plainly
         print(f"error: {getattr(exc, 'message', exc)}", file=sys.stderr)
         return 1
+    if args.command == "assign":
+        try:
+            for unit in args.unit_ids:
+                a = registry.assignment(args.experiment, unit)
+                print(f"{unit}\t{a.arm.name}\t{a.arm.operating_point}" + ("" if a.included else "\texcluded"))
+        except RegistryError as exc:  # an unknown experiment: the file itself is fine
+            print(f"error: {exc.message}", file=sys.stderr)
+            return 1
+        return 0
     print(json.dumps(_summary(registry), indent=2))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -15,7 +15,7 @@ from typing import Any
 
 import yaml
 
-from service.registry.model import RegistryError
+from service.registry.errors import RegistryError
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

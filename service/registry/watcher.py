@@ -38,8 +38,9 @@ from pathlib import Path
 from typing import Any
 
 from service.metrics import Metrics
+from service.registry.errors import RegistryError
 from service.registry.loader import decode
-from service.registry.model import Registry, RegistryError
+from service.registry.model import Registry
 from subspace.bundle import Bundle
 from subspace.layout import SubspaceLayout
 

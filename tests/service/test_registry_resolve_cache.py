@@ -7,7 +7,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import NotReadyError
 from service.registry import Registry
 from subspace.layout import SubspaceLayout
 
@@ -65,9 +65,8 @@ def test_errors_are_not_cached() -> None:
     registry = Registry.parse(DOC, LAYOUT)
     misfit = SubspaceLayout.from_dims({"semantic": 16, "other": 16})
     for _ in range(2):
-        with pytest.raises(ServiceError) as err:
+        with pytest.raises(NotReadyError):
             registry.resolve(misfit, operating_point="entity_heavy")
-        assert err.value.kind is ErrorKind.NOT_READY
     np.testing.assert_array_equal(
         registry.resolve(LAYOUT, operating_point="entity_heavy").block_weights, [0.2, 0.8, 0]
     )

@@ -10,10 +10,11 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
-from service.errors import ServiceError
+from service.errors import error_response
 from service.metrics import Metrics
 from service.registry import RegistryWatcher
 from service.routes.registry import router
+from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
@@ -38,9 +39,9 @@ BUNDLE_POINTS = {"semantic_first": {"weights": {"semantic": 1.0, "entity": 0.0, 
 def _app(watcher: RegistryWatcher | None) -> FastAPI:
     app = FastAPI()
 
-    @app.exception_handler(ServiceError)
-    async def _handle(_: Request, exc: ServiceError) -> JSONResponse:
-        return JSONResponse(exc.body(), status_code=exc.status)
+    @app.exception_handler(FieldError)  # every domain error, with the status of its class
+    async def _handle(_: Request, exc: FieldError) -> JSONResponse:
+        return error_response(exc)
 
     app.include_router(router)
     if watcher is not None:
