@@ -1,0 +1,107 @@
+"""The layer rules of docs/architecture.md, checked on the source: arrows point down, no cycles.
+
+The import graph is read statically (``ast``), so an import inside a function counts as much as
+one at the top of a module: a lazy import still makes the layer depend on what it imports.
+"""
+
+from __future__ import annotations
+
+import ast
+import graphlib
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+PACKAGES = ("subspace", "encoder", "training", "service", "esp_client", "esp_cli", "bench", "deploy")
+
+#: package -> what it must never import (ours and third-party top-level names)
+FORBIDDEN: dict[str, set[str]] = {
+    "subspace": {"encoder", "training", "service", "esp_client", "esp_cli", "torch", "fastapi", "starlette"},
+    "encoder": {"training", "service", "esp_client", "esp_cli", "fastapi"},
+    "training": {"service", "esp_client", "esp_cli", "fastapi"},
+    "service": {"training", "esp_client", "esp_cli"},
+    "esp_client": {"subspace", "encoder", "training", "service", "esp_cli", "torch", "fastapi"},
+}
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def project_modules() -> dict[str, Path]:
+    return {
+        module_name(p): p
+        for pkg in PACKAGES
+        for p in sorted((ROOT / pkg).rglob("*.py"))
+        if "__pycache__" not in p.parts
+    }
+
+
+def imports_of(name: str, path: Path) -> Iterator[str]:
+    """Absolute names imported anywhere in the module (relative imports resolved)."""
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            yield base
+            yield from (f"{base}.{alias.name}" for alias in node.names)
+
+
+def graph() -> dict[str, set[str]]:
+    """module -> the project modules it imports."""
+    mods = project_modules()
+    return {
+        name: {imp for imp in imports_of(name, path) if imp in mods and imp != name}
+        for name, path in mods.items()
+    }
+
+
+def test_the_graph_sees_the_packages() -> None:
+    g = graph()
+    assert "esp_cli.main" in g
+    assert "subspace.layout" in g["service.state"] or any(m.startswith("subspace.") for m in g["service.state"])
+    assert "training.trainer" in g["esp_cli.train"] or any(m.startswith("training.") for m in g["esp_cli.train"])
+
+
+@pytest.mark.parametrize("package", sorted(FORBIDDEN))
+def test_layer_never_imports_what_sits_above_it(package: str) -> None:
+    mods = project_modules()
+    bad = sorted(
+        f"{name} imports {imp}"
+        for name, path in mods.items()
+        if name == package or name.startswith(package + ".")
+        for imp in imports_of(name, path)
+        if imp.split(".")[0] in FORBIDDEN[package]
+    )
+    assert not bad, "\n".join(bad)
+
+
+def test_no_import_cycle() -> None:
+    try:
+        graphlib.TopologicalSorter(graph()).prepare()
+    except graphlib.CycleError as exc:
+        pytest.fail(f"import cycle: {' -> '.join(exc.args[1])}")
+
+
+def test_importing_the_core_loads_neither_torch_nor_fastapi() -> None:
+    """The runtime view of the same rule: every subspace module imported in a fresh process."""
+    names = [n for n in project_modules() if n == "subspace" or n.startswith("subspace.")]
+    code = (
+        "import importlib, sys\n"
+        f"for n in {names!r}: importlib.import_module(n)\n"
+        "print(sorted(m for m in ('torch', 'fastapi', 'starlette', 'service', 'training') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr
