@@ -1,17 +1,21 @@
-"""The micro-batch normalises request vectors per block, in float64, without overflow."""
+"""The micro-batch normalises request vectors per block, in float64, without overflow
+(``normalize_blocks(..., prescale=True)``, as service.batching calls it)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from service.batching import normalize_rows
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 6, "entity": 3, "intent": 2})
 
 
-def test_matches_the_reference_normalisation() -> None:
+def normalize_rows(x: np.ndarray, layout: SubspaceLayout) -> np.ndarray:
+    return normalize_blocks(np.asarray(x, dtype=np.float64), layout, prescale=True)
+
+
+def test_prescaled_matches_the_plain_normalisation() -> None:
     x = np.random.default_rng(0).standard_normal((5, LAYOUT.dim))
     np.testing.assert_allclose(normalize_rows(x, LAYOUT), normalize_blocks(x, LAYOUT), rtol=1e-12, atol=1e-15)
 
@@ -29,6 +33,7 @@ def test_huge_and_tiny_values_and_zero_blocks() -> None:
     x[1, 6:9] = [5e-320, 0.0, -5e-320]  # subnormal
     x[2, 9:] = [3.0, -4.0]
     out = normalize_rows(x, LAYOUT)
+    assert out.dtype == np.float64
     assert np.all(np.isfinite(out))
     np.testing.assert_allclose(out[0, :6], 1 / np.sqrt(6))
     np.testing.assert_allclose(out[1, 6:9], [2**-0.5, 0.0, -(2**-0.5)])

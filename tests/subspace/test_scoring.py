@@ -51,6 +51,26 @@ def test_normalize_blocks_unit_norm_per_block_and_zero_block_stays_zero() -> Non
         normalize_blocks(np.zeros((1, 4), np.float32), layout)
 
 
+def test_normalize_blocks_equals_per_block_division_with_and_without_prescale() -> None:
+    layout = SubspaceLayout.from_dims({"a": 5, "b": 1, "c": 3})
+    x = np.random.default_rng(2).standard_normal((6, layout.dim)) * 10.0 ** np.arange(-2, 4)[:, None]
+    expect = np.concatenate(
+        [
+            x[:, o.offset : o.end] / np.linalg.norm(x[:, o.offset : o.end], axis=1, keepdims=True)
+            for o in layout.objectives
+        ],
+        axis=1,
+    )
+    for prescale in (False, True):
+        np.testing.assert_allclose(normalize_blocks(x, layout, prescale=prescale), expect, rtol=1e-13)
+        y = normalize_blocks(x.astype(np.float32), layout, prescale=prescale)
+        assert y.dtype == np.float32
+        np.testing.assert_allclose(y, expect, rtol=1e-6)
+    np.testing.assert_array_equal(
+        normalize_blocks(x[0], layout), normalize_blocks(x[:1], layout)[0]
+    )  # (D,) too
+
+
 def test_topk_descending_with_ties_broken_by_lower_index() -> None:
     scores = np.array([[0.5, 0.9, 0.5, 0.1, 0.9, 0.5], [1.0, 1.0, 1.0, 1.0, 1.0, 1.0]])
     vals, idx = topk(scores, 3)
