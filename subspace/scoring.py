@@ -42,19 +42,27 @@ def normalize_blocks(
     """L2-normalise each block of each row. ``x``: ``(..., D)`` -> same shape and dtype.
 
     Works in float64 for float64 input, float32 otherwise. A block whose norm is at most
-    ``eps`` becomes zero (its cosine with anything is then 0), never NaN. ``prescale`` first
-    divides each block by its largest magnitude, so the squares of huge finite values (request
-    vectors, float64 up to ~1e308) cannot overflow: the service normalises its micro-batches
-    so; it costs one more pass and changes the result only in the last bits.
+    ``eps`` becomes zero (its cosine with anything is then 0), never NaN.
+
+    ``prescale`` is the service's micro-batch form: each block is first divided by its largest
+    magnitude, so the squares of huge finite request values (float64 up to ~1e308) cannot
+    overflow, and the sums are per-row ``ufunc.reduceat`` passes, so a row normalised alone
+    equals the row normalised in a batch (a BLAS product with the block-indicator matrix sums
+    a row differently in a batch than alone). Without it the sums are that product, which the
+    bundles and reports were built with (the two differ only in the last bits).
     """
     xp = array_module(x)
     if x.shape[-1] != layout.dim:
         raise ValueError(f"vectors have {x.shape[-1]} columns, the layout has {layout.dim}")
     work = x.astype(xp.float32) if x.dtype != xp.float64 else x
-    m = _indicator(layout, xp, work.dtype)
     if prescale:
-        peaks = xp.asarray(xp.maximum.reduceat(xp.abs(work), xp.asarray(layout.offsets), axis=-1))
-        work = work / (xp.where(peaks > 0, peaks, 1.0).astype(work.dtype) @ m.T)
+        offsets, dims = xp.asarray(layout.offsets), xp.asarray(layout.dims)
+        peaks = xp.maximum.reduceat(xp.abs(work), offsets, axis=-1)
+        work = work / xp.repeat(xp.where(peaks > 0, peaks, 1.0), dims, axis=-1)
+        norms = xp.sqrt(xp.add.reduceat(work * work, offsets, axis=-1))  # (..., K)
+        inv = xp.where(norms > eps, 1.0 / xp.maximum(norms, eps), 0.0).astype(work.dtype)
+        return (work * xp.repeat(inv, dims, axis=-1)).astype(x.dtype, copy=False)
+    m = _indicator(layout, xp, work.dtype)
     norms = xp.sqrt((work * work) @ m)  # (..., K)
     inv = 1.0 / xp.maximum(norms, eps)
     inv = xp.where(norms > eps, inv, 0.0)
