@@ -45,6 +45,7 @@ import numpy as np
 
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
+from subspace.metrics import adjusted_rand, normalized_mutual_info, purity
 from subspace.scoring import normalize_blocks
 from subspace.weights import resolve_block_weights
 
@@ -649,28 +650,21 @@ def cluster_keywords(
 
 def cluster_scores(labels: np.ndarray, truth: Sequence[Any]) -> dict[str, float]:
     """Agreement of clusters with known groups: ``purity``, ``nmi``, ``ari``, ``n_clusters``,
-    ``noise`` (share of unclustered items).
+    ``noise`` (share of unclustered items, any negative label).
 
-    Definitions match ``training/evaluate/metrics.py`` (which the service may not import):
-    purity = share of clustered items whose cluster's majority group is their own (noise left
-    out); NMI and ARI count each noise item as a singleton cluster.
+    Definitions of :mod:`subspace.metrics`: purity = share of clustered items whose cluster's
+    majority group is their own (noise left out); NMI and ARI count each noise item as a
+    singleton cluster.
     """
-    from sklearn.metrics import adjusted_rand_score, normalized_mutual_info_score
-
     raw = np.asarray(labels, dtype=np.int64)
     if raw.shape != (len(truth),):
         raise ClusteringError(f"labels {raw.shape} and truth ({len(truth)},) differ in length", "truth")
     noise = raw < 0
-    lab = raw.copy()
-    lab[noise] = lab.max(initial=-1) + 1 + np.arange(int(noise.sum()))
-    _, t = np.unique(np.asarray(truth, dtype=object).astype(str), return_inverse=True)
-    table = np.zeros((lab.max() + 1, t.max() + 1), dtype=np.int64)
-    np.add.at(table, (lab[~noise], t[~noise]), 1)
-    clustered = int((~noise).sum())
+    lab = np.where(noise, -1, raw)
     return {
-        "purity": float(table.max(axis=1).sum() / clustered) if clustered else math.nan,
-        "nmi": float(normalized_mutual_info_score(t, lab)),
-        "ari": float(adjusted_rand_score(t, lab)),
+        "purity": purity(truth, lab, noise=-1),
+        "nmi": normalized_mutual_info(truth, lab, noise=-1),
+        "ari": adjusted_rand(truth, lab, noise=-1),
         "n_clusters": len(np.unique(raw[~noise])),
         "noise": float(noise.mean()),
     }

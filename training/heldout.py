@@ -3,11 +3,14 @@
 - ``retrieval`` (semantic): NDCG@10 (linear gains, as trec_eval's ``ndcg_cut_10``) over the
   eval corpus, ranking by the objective's own block (the full vector for ``single_head``).
 - ``entity``: ``entity_p@10``, the fraction of the top-10 passages that mention one of the
-  query's linked entities, and ``entity_hit@10`` (at least one does).
+  query's linked entities (trec_eval's P_10: divided by 10), and ``entity_hit@10`` (at least
+  one does).
 - ``classification`` (intent): macro-F1 and accuracy of the cosine classifier.
 
-Each objective reports a ``main`` metric (the one the "improves over the untrained start"
-check reads).
+Rankings go through the engine's numpy backend (:func:`engine_topk`), so held-out numbers rank
+exactly as the service does: the exact float64 top k, ties to the lower row. The metrics are
+:mod:`subspace.metrics`. Each objective reports a ``main`` metric (the one the "improves over the
+untrained start" check reads).
 """
 
 from __future__ import annotations
@@ -16,36 +19,28 @@ from collections.abc import Callable, Sequence
 
 import numpy as np
 
+from subspace.engine.numpy_backend import NumpyBackend
+from subspace.layout import SubspaceLayout
+from subspace.metrics import macro_f1, ndcg_at_k, precision_at_k
 from training.data.objectives import HeldOut
 
 MAIN = {"retrieval": "ndcg@10", "entity": "entity_p@10", "classification": "macro_f1"}
 
 
-def ndcg_at_k(ranked: Sequence[str], rels: dict[str, int], k: int = 10) -> float:
-    gains = [rels.get(d, 0) for d in ranked[:k]]
-    dcg = sum(g / np.log2(i + 2) for i, g in enumerate(gains))
-    ideal = sorted((g for g in rels.values() if g > 0), reverse=True)[:k]
-    idcg = sum(g / np.log2(i + 2) for i, g in enumerate(ideal))
-    return float(dcg / idcg) if idcg > 0 else 0.0
-
-
-def macro_f1(y_true: Sequence[int], y_pred: Sequence[int], n_classes: int) -> float:
-    t, p = np.asarray(y_true), np.asarray(y_pred)
-    f1s = []
-    for c in range(n_classes):
-        tp = int(((p == c) & (t == c)).sum())
-        fp = int(((p == c) & (t != c)).sum())
-        fn = int(((p != c) & (t == c)).sum())
-        f1s.append(0.0 if tp == 0 else 2 * tp / (2 * tp + fp + fn))
-    return float(np.mean(f1s))
-
-
-def _topk(q: np.ndarray, docs: np.ndarray, k: int) -> np.ndarray:
-    scores = q @ docs.T
-    k = min(k, docs.shape[0])
-    part = np.argpartition(-scores, k - 1, axis=1)[:, :k]
-    order = np.argsort(-np.take_along_axis(scores, part, 1), axis=1, kind="stable")
-    return np.take_along_axis(part, order, 1)
+def engine_topk(
+    queries: np.ndarray, corpus: np.ndarray, layout: SubspaceLayout, block_weights: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Top ``k`` ``(scores (nq, k'), rows (nq, k'))`` of block-normalised ``queries (nq, D)`` in
+    ``corpus (N, D)`` at ``block_weights`` ``(K,)`` or ``(nq, K)``, by the service's engine
+    (:class:`~subspace.engine.numpy_backend.NumpyBackend`): ``k' = min(k, N)``, descending, ties
+    to the lower row. A corpus that is neither float32 nor float16 is scanned as float32."""
+    data = corpus if corpus.dtype in (np.float32, np.float16) else corpus.astype(np.float32)
+    engine = NumpyBackend(np.ascontiguousarray(data), layout)
+    try:
+        res = engine.search(queries, block_weights, k)
+    finally:
+        engine.close()
+    return res.scores, res.rows
 
 
 def evaluate_heldout(
@@ -65,26 +60,27 @@ def evaluate_heldout(
             raise ValueError("classification held-out metrics need intent_probs")
         pred = intent_probs(heldout.texts).argmax(1)
         acc = float((pred == np.asarray(heldout.labels)).mean()) if heldout.labels else 0.0
-        return {
-            "macro_f1": macro_f1(heldout.labels, pred.tolist(), n_classes),
-            "accuracy": acc,
-            "main": macro_f1(heldout.labels, pred.tolist(), n_classes),
-            "n": len(heldout.texts),
-        }
+        f1 = macro_f1(heldout.labels, pred.tolist(), range(n_classes))
+        return {"macro_f1": f1, "accuracy": acc, "main": f1, "n": len(heldout.texts)}
     if corpus_vecs is None:
         raise ValueError(f"{heldout.kind} held-out metrics need corpus vectors")
     qids = list(heldout.queries)
-    top = _topk(embed([heldout.queries[q] for q in qids]), corpus_vecs, k)
+    one_block = SubspaceLayout.from_dims({heldout.kind: corpus_vecs.shape[1]})
+    top = (
+        engine_topk(embed([heldout.queries[q] for q in qids]), corpus_vecs, one_block, np.ones(1), k)[1]
+        if qids
+        else np.empty((0, k), np.int64)
+    )
     ids = np.asarray(corpus_ids)
     if heldout.kind == "retrieval":
         vals = [ndcg_at_k(list(ids[row]), heldout.qrels[q], k) for q, row in zip(qids, top, strict=True)]
         return {"ndcg@10": float(np.mean(vals)), "main": float(np.mean(vals)), "n": len(qids)}
     if heldout.kind == "entity":
-        frac = [np.mean([d in heldout.qrels[q] for d in ids[row]]) for q, row in zip(qids, top, strict=True)]
-        hit = [float(any(d in heldout.qrels[q] for d in ids[row])) for q, row in zip(qids, top, strict=True)]
+        hits = [[d in heldout.qrels[q] for d in ids[row]] for q, row in zip(qids, top, strict=True)]
+        frac = [precision_at_k(h, k) for h in hits]
         return {
             "entity_p@10": float(np.mean(frac)),
-            "entity_hit@10": float(np.mean(hit)),
+            "entity_hit@10": float(np.mean([any(h) for h in hits])),
             "main": float(np.mean(frac)),
             "n": len(qids),
         }

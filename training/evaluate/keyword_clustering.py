@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from subspace.layout import SubspaceLayout
-from training.evaluate.metrics import adjusted_rand, normalized_mutual_info, purity
+from subspace.metrics import adjusted_rand, normalized_mutual_info, purity
 
 
 @dataclass(frozen=True)

@@ -1,72 +1,31 @@
-"""Offline metrics of the ESP benchmark: ranking, classification, conflict, fronts, clusters.
+"""Benchmark-only metrics of the ESP evaluation: entity matching, neighbour agreement, conflict,
+effective rank and fronts.
 
-Pure numpy (plus scipy/sklearn for tau-b, NMI and ARI), no torch. Conventions:
-
-- NDCG@k matches trec_eval's ``ndcg_cut_k``: gain = the graded label itself (linear, *not*
-  ``2^rel - 1``), discount ``1 / log2(rank + 1)``, the ideal ranking built from **every** judged
-  document of the query (so relevant passages missing from a closed corpus lower the score,
-  as in trec_eval). Documents without a judgement have gain 0.
-- Precision@k divides by ``k`` even when fewer than ``k`` documents were ranked (trec_eval's P_k).
-- Fronts maximise every coordinate; the hypervolume reference point is given explicitly.
+The IR and clustering metrics (NDCG@k, P@k, macro-F1, purity, NMI, ARI) live in
+:mod:`subspace.metrics`, the one copy that training, the evaluation and the service share.
+Pure numpy (plus scipy for tau-b), no torch. Fronts maximise every coordinate; the
+hypervolume reference point is given explicitly.
 """
 
 from __future__ import annotations
 
 import math
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Hashable, Sequence
 from functools import lru_cache
 from urllib.parse import unquote
 
 import numpy as np
 
 __all__ = [
-    "adjusted_rand",
-    "dcg",
     "effective_rank",
     "entity_mentioned",
     "hypervolume_2d",
     "intent_agreement_at_k",
     "kendall_tau",
-    "macro_f1",
-    "ndcg_at_k",
-    "normalized_mutual_info",
     "pareto_front",
-    "precision_at_k",
-    "purity",
     "wikipedia_title",
 ]
-
-
-# ---------------------------------------------------------------- ranking
-
-
-def dcg(gains: Sequence[float]) -> float:
-    """``sum_i gains[i] / log2(i + 2)`` (rank 1 has discount 1)."""
-    g = np.asarray(gains, dtype=np.float64)
-    if g.size == 0:
-        return 0.0
-    return float(np.sum(g / np.log2(np.arange(2, g.size + 2))))
-
-
-def ndcg_at_k(ranked: Sequence[str], qrels: Mapping[str, int], k: int = 10) -> float:
-    """trec_eval ``ndcg_cut_k`` of one ranked list against graded ``qrels`` ``{doc: grade}``.
-
-    Returns 0.0 for a query without any positive judgement (trec_eval does the same).
-    """
-    if k <= 0:
-        raise ValueError(f"k must be >= 1, got {k}")
-    gains = [max(int(qrels.get(d, 0)), 0) for d in list(ranked)[:k]]
-    ideal = sorted((g for g in qrels.values() if g > 0), reverse=True)[:k]
-    idcg = dcg(ideal)
-    return dcg(gains) / idcg if idcg > 0 else 0.0
-
-
-def precision_at_k(hits: Sequence[bool], k: int = 10) -> float:
-    """Share of the first ``k`` ranks that are hits; missing ranks count as misses."""
-    if k <= 0:
-        raise ValueError(f"k must be >= 1, got {k}")
-    return float(sum(bool(h) for h in list(hits)[:k])) / k
 
 
 # ---------------------------------------------------------------- entities
@@ -95,26 +54,7 @@ def entity_mentioned(text: str, names: Sequence[str]) -> bool:
     return any(n.strip() and _mention_pattern(n.strip().lower()).search(low) for n in names)
 
 
-# ---------------------------------------------------------------- classification
-
-
-def macro_f1(y_true: Sequence[Hashable], y_pred: Sequence[Hashable], labels: Sequence[Hashable]) -> float:
-    """Unweighted mean of per-class F1 over ``labels``; a class with no support and no
-    prediction scores 0 (sklearn's ``zero_division=0``)."""
-    if len(y_true) != len(y_pred):
-        raise ValueError(f"y_true has {len(y_true)} items, y_pred {len(y_pred)}")
-    if not labels:
-        raise ValueError("labels must name at least one class")
-    t = np.asarray(y_true, dtype=object)
-    p = np.asarray(y_pred, dtype=object)
-    scores = []
-    for c in labels:
-        tp = float(np.sum((t == c) & (p == c)))
-        fp = float(np.sum((t != c) & (p == c)))
-        fn = float(np.sum((t == c) & (p != c)))
-        denom = 2 * tp + fp + fn
-        scores.append(2 * tp / denom if denom > 0 else 0.0)
-    return float(np.mean(scores))
+# ---------------------------------------------------------------- neighbours
 
 
 def intent_agreement_at_k(labels: Sequence[Hashable], neighbours: np.ndarray, rows: Sequence[int]) -> float:
@@ -193,63 +133,3 @@ def hypervolume_2d(points: np.ndarray, ref: tuple[float, float] = (0.0, 0.0)) ->
             area += (x - ref[0]) * (y - y_prev)
             y_prev = y
     return float(area)
-
-
-# ---------------------------------------------------------------- clusters
-
-
-def purity(
-    classes: Sequence[Hashable],
-    clusters: Sequence[int] | np.ndarray,
-    noise: int | None = -1,
-    min_size: int = 1,
-) -> float:
-    """Share of items whose cluster's majority class is their own class.
-
-    Items in the ``noise`` cluster (HDBSCAN's -1) are left out, and so are clusters of fewer
-    than ``min_size`` items (a singleton is pure by construction: ``min_size=2`` measures only
-    the groupings a clustering made); NaN when nothing is left.
-    """
-    c = np.asarray(classes, dtype=object)
-    k = np.asarray(clusters)
-    if c.shape != k.shape:
-        raise ValueError(f"classes and clusters differ in length: {c.shape} vs {k.shape}")
-    mask = np.ones(k.shape, dtype=bool) if noise is None else k != noise
-    if min_size > 1:
-        ids, sizes = np.unique(k[mask], return_counts=True)
-        mask &= np.isin(k, ids[sizes >= min_size])
-    if not mask.any():
-        return math.nan
-    total = 0
-    for cl in np.unique(k[mask]):
-        _, counts = np.unique(c[mask & (k == cl)].astype(str), return_counts=True)
-        total += int(counts.max())
-    return total / int(mask.sum())
-
-
-def _noise_as_singletons(clusters: Sequence[int] | np.ndarray, noise: int | None) -> np.ndarray:
-    k = np.asarray(clusters).astype(np.int64).copy()
-    if noise is not None:
-        where = np.nonzero(k == noise)[0]
-        k[where] = k.max(initial=0) + 1 + np.arange(where.size)
-    return k
-
-
-def normalized_mutual_info(
-    classes: Sequence[Hashable], clusters: Sequence[int] | np.ndarray, noise: int | None = -1
-) -> float:
-    """sklearn NMI (arithmetic mean normalisation); noise items become singleton clusters."""
-    from sklearn.metrics import normalized_mutual_info_score
-
-    return float(
-        normalized_mutual_info_score(np.asarray(classes, dtype=str), _noise_as_singletons(clusters, noise))
-    )
-
-
-def adjusted_rand(
-    classes: Sequence[Hashable], clusters: Sequence[int] | np.ndarray, noise: int | None = -1
-) -> float:
-    """sklearn ARI; noise items become singleton clusters."""
-    from sklearn.metrics import adjusted_rand_score
-
-    return float(adjusted_rand_score(np.asarray(classes, dtype=str), _noise_as_singletons(clusters, noise)))

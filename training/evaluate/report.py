@@ -21,9 +21,10 @@ import numpy as np
 
 from subspace.atomic import atomic_write_text
 from subspace.bundle import json_default
+from subspace.metrics import macro_f1
 from training.evaluate.diagnostics import StepLog, read_log, rolling_mean, summarize
 from training.evaluate.keyword_clustering import ClusterSpec, cluster_scores
-from training.evaluate.metrics import hypervolume_2d, macro_f1, pareto_front
+from training.evaluate.metrics import hypervolume_2d, pareto_front
 from training.evaluate.operating_points import ENTITY_METRIC, SEMANTIC_METRIC, compute_operating_points
 from training.evaluate.runner import Context, Run
 from training.evaluate.tables import fmt, markdown_table, mean_std
@@ -363,8 +364,8 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
     what = ("the judged passages of the TREC DL 2019+2020 pool (a condensed list)"
             if sl is not None and sl.corpus == "judged" else "the TREC DL 2019+2020 passage pool")
     add(f"- Corpus: {what}, {p['corpus_passages']:,} passages; every "
-        "ranking is the service's scoring (`subspace.scoring`: block-normalised embeddings, "
-        "`scale_queries` -> `weighted_scores` -> `topk`).")
+        "ranking is the service's engine (`subspace.engine`, numpy backend: block-normalised "
+        "embeddings, the exact float64 top k, ties to the lower row).")
     sched = cfg.schedule()
     add(f"- Held-out queries only, cross-year: each seed trains {len(sched)} models per method, each "
         f"holding out one TREC DL year ({', '.join(cfg.heldout_years)}, alternating) and never training "

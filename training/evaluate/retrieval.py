@@ -1,8 +1,8 @@
 """Score held-out queries exactly as the service does, and turn rankings into benchmark metrics.
 
-Every ranking goes through :mod:`subspace.scoring` on block-normalised embeddings with
-weights resolved by :mod:`subspace.weights` — the same functions, in the same order, as the
-service's engine: ``resolve_weights -> scale_queries -> weighted_scores -> topk``.
+Every ranking goes through the service's engine: block-normalised embeddings, weights resolved
+by :mod:`subspace.weights`, the exact float64 top k of the numpy backend with ties to the lower
+row (:func:`training.heldout.engine_topk`). Metrics are :mod:`subspace.metrics`.
 """
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from dataclasses import dataclass
 import numpy as np
 
 from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks, scale_queries, subspace_scores, topk, weighted_scores
-from subspace.weights import WeightsInput, resolve_weights
+from subspace.metrics import ndcg_at_k, precision_at_k
+from subspace.scoring import normalize_blocks, subspace_scores
+from subspace.weights import WeightsInput, resolve_block_weights
 from training.evaluate.benchmark import DLBench
-from training.evaluate.metrics import kendall_tau, ndcg_at_k, precision_at_k
+from training.evaluate.metrics import kendall_tau
+from training.heldout import engine_topk
 
 K_EVAL = 10
 
@@ -26,9 +28,9 @@ K_EVAL = 10
 def search(
     queries: np.ndarray, corpus: np.ndarray, layout: SubspaceLayout, weights: WeightsInput | None, k: int
 ) -> tuple[np.ndarray, np.ndarray]:
-    """Top-``k`` ``(scores, rows)`` of block-normalised ``queries (nq, D)`` in ``corpus (N, D)``."""
-    w = resolve_weights(weights, layout)
-    return topk(weighted_scores(scale_queries(queries, w), corpus), k)
+    """Top-``k`` ``(scores, rows)`` of block-normalised ``queries (nq, D)`` in ``corpus (N, D)``,
+    ranked by the service's engine."""
+    return engine_topk(queries, corpus, layout, resolve_block_weights(weights, layout), k)
 
 
 @dataclass(frozen=True)

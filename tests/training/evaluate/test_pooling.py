@@ -6,13 +6,13 @@ from pathlib import Path
 
 import pytest
 
+from subspace.metrics import macro_f1
 from training.evaluate.config import load_eval_config
 from training.evaluate.evaluator import ModelEval
-from training.evaluate.metrics import macro_f1
 from training.evaluate.report import pool_queries, seed_metrics
 from training.evaluate.runner import Run
 
-CONFIG = Path(__file__).resolve().parents[2] / "configs" / "eval.yaml"
+CONFIG = Path(__file__).resolve().parents[3] / "configs" / "eval.yaml"
 
 
 def _run(year: str, fold: int, ndcg: dict[str, float], *, true: list[int], pred: list[int],

@@ -14,7 +14,7 @@ from training.evaluate.slice import make_data_slice
 
 pytestmark = pytest.mark.slow
 
-DATA = Path(__file__).resolve().parents[2] / "data"
+DATA = Path(__file__).resolve().parents[3] / "data"
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "eval.yaml"
 
 pytestmark = pytest.mark.slow
