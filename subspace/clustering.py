@@ -1,6 +1,6 @@
 """Keyword clustering on the weighted subspace similarity (torch-free core).
 
-"Similar" means what search means (DESIGN section 1): for block-normalised vectors and block
+"Similar" means what search means (docs/architecture.md section 1): for block-normalised vectors and block
 weights ``w_k >= 0``, ``s(a, b) = sum_k w_k <a_k, b_k>``. Clustering uses the distance
 
     d(a, b) = 1 - s(a, b) / W,        W = sum_k w_k,     d in [0, 2]

@@ -1,4 +1,4 @@
-"""Exact weighted multi-subspace scoring (DESIGN section 1).
+"""Exact weighted multi-subspace scoring (docs/architecture.md section 1).
 
 For block-normalised vectors and weights ``w_k >= 0``::
 

@@ -9,7 +9,7 @@ precision@10, both maximised):
 - ``balanced``: the front point nearest the utopia corner after min-max scaling each axis
   over the front (ties: the first in curve order).
 
-The result has the shape the bundle manifest takes (DESIGN section 3) and the service
+The result has the shape the bundle manifest takes (docs/architecture.md section 4) and the service
 serves: ``{name: {"weights": {...}, "description": str, "metrics": {...}}}``.
 """
 
