@@ -4,7 +4,8 @@ Start-up (lifespan): the registry watcher, the micro-batcher and its worker thre
 the bundle named by settings is loaded *in the background* (read, checksums, engine, encoder,
 warm-up search), so ``/healthz`` answers at once and ``/readyz`` turns 200 only when the
 bundle is servable. Every error, the framework's own included, leaves as one body
-``{"type", "message", "field"}`` (:mod:`service.errors`).
+``{"type", "message", "field"}``: domain errors with the status of their class in
+:data:`service.errors.ERROR_KINDS`, one handler registered per class of that table.
 
 Run it with ``esp serve --bundle DIR`` or ``uvicorn --factory service.app:create_app``
 (settings from ``ESP_*`` environment variables, :mod:`service.config`).
@@ -28,7 +29,15 @@ from starlette.types import Receive, Scope, Send
 
 from service.batching import MicroBatcher
 from service.config import Settings, get_settings
-from service.errors import ErrorKind, ServiceError, error_body, kind_for_status
+from service.errors import (
+    ERROR_KINDS,
+    ErrorKind,
+    ReloadRefusedError,
+    ServiceError,
+    error_body,
+    error_response,
+    kind_for_status,
+)
 from service.fastpath import SearchFastPath
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
@@ -85,9 +94,8 @@ def validation_error_body(errors: Sequence[Any]) -> dict[str, Any]:
 
 
 def _install_error_handlers(app: FastAPI) -> None:
-    async def service_error(_: Request, exc: Exception) -> JSONResponse:
-        assert isinstance(exc, ServiceError)
-        return exc.response()
+    async def domain_error(_: Request, exc: Exception) -> JSONResponse:
+        return error_response(exc)
 
     async def request_validation(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
@@ -105,7 +113,8 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.error("unhandled error: %s", exc, exc_info=exc)
         return JSONResponse(error_body(ErrorKind.INTERNAL, "internal error (logged)"), status_code=500)
 
-    app.add_exception_handler(ServiceError, service_error)
+    for cls in (*ERROR_KINDS, ServiceError):
+        app.add_exception_handler(cls, domain_error)
     app.add_exception_handler(RequestValidationError, request_validation)
     app.add_exception_handler(StarletteHTTPException, http_error)
     app.add_exception_handler(Exception, unexpected)
@@ -113,7 +122,7 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 async def _initial_load(app: FastAPI, settings: Settings) -> None:
     assert settings.bundle is not None
-    with contextlib.suppress(ServiceError):  # logged, counted; /readyz reports the reason
+    with contextlib.suppress(ReloadRefusedError):  # logged, counted; /readyz reports the reason
         await load_and_activate(app.state, settings.bundle, settings, check_registry=False)
 
 

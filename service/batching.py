@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import NotReadyError, OverloadedError
 from service.metrics import Metrics
 from service.state import ServingState
 from subspace.scoring import normalize_blocks
@@ -194,17 +194,17 @@ class MicroBatcher:
     ) -> list[QueryHits]:
         """Queue the queries; return one :class:`QueryHits` per query, in order.
 
-        Raises ``ServiceError(OVERLOADED)`` (429, Retry-After) when the queue cannot take them.
+        Raises :class:`OverloadedError` (429, Retry-After) when the queue cannot take them and
+        :class:`NotReadyError` (503) once the batcher is stopping.
         """
         if self._closed or self._task is None:
-            raise ServiceError(ErrorKind.NOT_READY, "the service is shutting down")
+            raise NotReadyError("the service is shutting down")
         n = len(queries)
         if self._depth + n > self.queue_size:
-            raise ServiceError(
-                ErrorKind.OVERLOADED,
+            raise OverloadedError(
                 f"overloaded: {self._depth} queries are waiting and the queue holds "
                 f"{self.queue_size}; retry later",
-                headers={"Retry-After": "1"},
+                retry_after=1.0,
             )
         future: asyncio.Future[list[QueryHits]] = asyncio.get_running_loop().create_future()
         self._queue.append(Job(state, queries, block_weights, k, future))
@@ -288,7 +288,7 @@ class MicroBatcher:
         self._inflight = []
         for job in left:
             if not job.future.done():
-                job.future.set_exception(ServiceError(ErrorKind.NOT_READY, "the service is shutting down"))
+                job.future.set_exception(NotReadyError("the service is shutting down"))
         self._depth = 0
         self.metrics.queue_depth.set(0)
         if self._executor is not None:

@@ -1,12 +1,17 @@
-"""One error shape and one table from error kind to HTTP status, used by every route.
+"""One error shape and one table from exception class to error kind and HTTP status.
 
 Body: ``{"type": <kind>, "message": <what and what is allowed>, "field": <dotted path or null>}``.
-Raise :class:`ServiceError` (or a subclass) anywhere in the service; the app's exception
-handlers turn it, and FastAPI's own validation errors, into this body and status.
+Domain code raises :class:`~subspace.errors.FieldError` or one of the subclasses below; it
+knows nothing of HTTP. :data:`ERROR_KINDS` maps each class to its kind, looked up along the
+exception's MRO (so ``RegistryError``, ``WeightError`` and every other ``FieldError`` are 422
+unless a more specific class says otherwise), and :data:`STATUS` maps the kind to a status.
+The app registers one handler per class of the table (:func:`error_response`); FastAPI's own
+validation and HTTP errors leave in the same body (``service.app``).
 """
 
 from __future__ import annotations
 
+import math
 from enum import StrEnum
 from typing import Any
 
@@ -16,15 +21,38 @@ from subspace.errors import FieldError
 
 
 class NotReadyError(FieldError):
-    """Domain error: no bundle is served yet, or what is served cannot answer this now (-> 503)."""
+    """No bundle is served yet, or what is served cannot answer this now (-> 503).
+
+    ``retry_after``: seconds a caller should wait (the ``Retry-After`` header), if known.
+    """
+
+    def __init__(self, message: str, field: str | None = None, *, retry_after: float | None = None) -> None:
+        super().__init__(message, field)
+        self.retry_after = retry_after
 
 
 class OverloadedError(FieldError):
-    """Domain error: the queue is full; ``retry_after`` seconds is a fair wait (-> 429)."""
+    """The queue is full; ``retry_after`` seconds is a fair wait (-> 429 with ``Retry-After``)."""
 
     def __init__(self, message: str, retry_after: float, field: str | None = None) -> None:
         super().__init__(message, field)
         self.retry_after = retry_after
+
+
+class NotFoundError(FieldError):
+    """What was asked for does not exist, or the route is disabled (-> 404)."""
+
+
+class UnauthorizedError(FieldError):
+    """No credentials were sent (-> 401 with ``WWW-Authenticate: Bearer``)."""
+
+
+class ForbiddenError(FieldError):
+    """The credentials sent are not valid (-> 403)."""
+
+
+class ReloadRefusedError(FieldError):
+    """A new bundle was refused; the served one is kept (-> 409)."""
 
 
 class ErrorKind(StrEnum):
@@ -55,33 +83,60 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.INTERNAL: 500,
 }
 
+#: The one table: exception class -> error kind (hence status), looked up along the MRO.
+ERROR_KINDS: dict[type[Exception], ErrorKind] = {
+    FieldError: ErrorKind.VALIDATION,
+    NotReadyError: ErrorKind.NOT_READY,
+    OverloadedError: ErrorKind.OVERLOADED,
+    NotFoundError: ErrorKind.NOT_FOUND,
+    UnauthorizedError: ErrorKind.UNAUTHORIZED,
+    ForbiddenError: ErrorKind.FORBIDDEN,
+    ReloadRefusedError: ErrorKind.RELOAD_FAILED,
+}
 
-class ServiceError(Exception):
-    """An error with a kind (hence a status), a message for the caller and the field at fault."""
+
+class ServiceError(FieldError):
+    """Transitional, until ``service.registry`` raises only domain errors: a FieldError that
+    names its kind (and headers) itself. New code raises a domain class of the table."""
 
     def __init__(
-        self,
-        kind: ErrorKind,
-        message: str,
-        field: str | None = None,
-        headers: dict[str, str] | None = None,
+        self, kind: ErrorKind, message: str, field: str | None = None, headers: dict[str, str] | None = None
     ) -> None:
-        super().__init__(message)
+        super().__init__(message, field)
         self.kind = kind
-        self.message = message
-        self.field = field
         self.headers = headers or {}
 
-    @property
-    def status(self) -> int:
-        return STATUS[self.kind]
 
-    def body(self) -> dict[str, Any]:
-        return error_body(self.kind, self.message, self.field)
+def error_kind(exc: BaseException) -> ErrorKind:
+    """The kind of ``exc``: the table's entry for the first class of its MRO that has one."""
+    if isinstance(exc, ServiceError):
+        return exc.kind
+    for cls in type(exc).__mro__:
+        kind = ERROR_KINDS.get(cls)
+        if kind is not None:
+            return kind
+    return ErrorKind.INTERNAL
 
-    def response(self) -> JSONResponse:
-        """The HTTP answer: :meth:`body` with the kind's status and any headers (``Retry-After``)."""
-        return JSONResponse(self.body(), status_code=self.status, headers=self.headers or None)
+
+def error_headers(exc: BaseException) -> dict[str, str]:
+    """``Retry-After`` (whole seconds, at least 1) when the error says how long to wait;
+    ``WWW-Authenticate`` for a missing token."""
+    headers: dict[str, str] = dict(exc.headers) if isinstance(exc, ServiceError) else {}
+    retry_after = getattr(exc, "retry_after", None)
+    if retry_after is not None:
+        headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
+    if isinstance(exc, UnauthorizedError):
+        headers["WWW-Authenticate"] = "Bearer"
+    return headers
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """The HTTP answer to a domain error: its kind's status, the error body and headers."""
+    kind = error_kind(exc)
+    message = exc.message if isinstance(exc, FieldError) else str(exc)
+    field = exc.field if isinstance(exc, FieldError) else None
+    headers = error_headers(exc) or None
+    return JSONResponse(error_body(kind, message, field), status_code=STATUS[kind], headers=headers)
 
 
 def kind_for_status(status: int) -> ErrorKind:

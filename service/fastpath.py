@@ -17,7 +17,7 @@ the body with pydantic-core and validates it against :class:`~service.schemas.Se
 when that succeeds and a bundle is served, it runs the route's own
 :func:`~service.routes.search.run_search`, answers, and counts the request in
 ``esp_requests_total`` / ``esp_request_duration_seconds`` through the metrics middleware's own
-:func:`~service.middleware.counted`. A :class:`ServiceError` is answered as the app's handler
+:func:`~service.middleware.counted`. A domain error is answered as the app's handler
 answers it; any other exception as the app's ``Exception`` handler answers it (then re-raised
 for the server to log, as Starlette's error middleware does). Everything else (a malformed or
 invalid body, another content type, method or path, a chunked or oversized body, no bundle
@@ -39,12 +39,13 @@ from pydantic import ValidationError
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.errors import ServiceError
+from service.errors import error_response
 from service.middleware import counted
 from service.routes.deps import SearchContext
 from service.routes.search import run_search
 from service.schemas import SearchRequest
 from service.state import ServingState, StateHolder
+from subspace.errors import FieldError
 
 SEARCH_PATH = "/v1/search"
 
@@ -122,8 +123,8 @@ class SearchFastPath:
         ctx = SearchContext(state, s.settings, s.batcher, s.metrics, s.registry)
         try:
             response: ASGIApp = _JSONAnswer(await run_search(body, ctx))
-        except ServiceError as exc:  # as the app's ServiceError handler answers it
-            response = exc.response()
+        except FieldError as exc:  # as the app's domain-error handler answers it
+            response = error_response(exc)
         except Exception as exc:
             handler = self.app.exception_handlers.get(Exception)
             if handler is not None:

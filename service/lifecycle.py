@@ -4,8 +4,8 @@
 encoder, warm-up) on a worker thread, checks that the operating-point registry still fits the
 new layout, then, in one step on the event loop: hands the bundle to the registry watcher,
 swaps the state reference, and updates the bundle metrics. Any failure before the swap leaves
-the served state untouched and is raised as ``ServiceError(RELOAD_FAILED)`` (409) with the
-reason. Reloads are serialised by the holder's lock.
+the served state untouched and is raised as :class:`~service.errors.ReloadRefusedError`
+(409) with the reason. Reloads are serialised by the holder's lock.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from service.config import Settings
-from service.errors import ErrorKind, ServiceError
+from service.errors import ReloadRefusedError
 from service.metrics import Metrics
 from service.state import ServingState, StateHolder, load_state
 
@@ -42,8 +42,8 @@ async def load_and_activate(
 ) -> tuple[ServingState | None, ServingState]:
     """Load ``path`` beside the served bundle and swap it in; return ``(old, new)``.
 
-    ``app_state`` is ``app.state`` (holder, metrics, registry). Raises ``ServiceError``
-    (RELOAD_FAILED) and counts ``esp_bundle_reloads_total{result="failure"}`` when the new
+    ``app_state`` is ``app.state`` (holder, metrics, registry). Raises
+    :class:`ReloadRefusedError` and counts ``esp_bundle_reloads_total{result="failure"}`` when the new
     bundle is refused; the served one is kept.
     """
     holder: StateHolder = app_state.holder
@@ -60,9 +60,7 @@ async def load_and_activate(
             log.error("bundle at %s refused (%s): %s", path, kept, reason)
             if old is None:
                 holder.error = f"bundle at {path} refused: {reason}"
-            raise ServiceError(
-                ErrorKind.RELOAD_FAILED, f"bundle at {path} refused ({kept}): {reason}"
-            ) from None
+            raise ReloadRefusedError(f"bundle at {path} refused ({kept}): {reason}") from None
         if registry is not None:
             registry.set_bundle(new.bundle)
         holder.swap(new)

@@ -16,10 +16,11 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import ForbiddenError, NotFoundError, UnauthorizedError
 from service.lifecycle import load_and_activate
 from service.routes.deps import HolderDep, SettingsDep
 from service.schemas import ReloadRequest, ReloadResponse, error_responses
+from subspace.errors import FieldError
 
 _bearer = HTTPBearer(auto_error=False, description="ESP_ADMIN_TOKEN")
 
@@ -30,17 +31,11 @@ async def require_admin(
 ) -> None:
     token = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
     if not token:
-        raise ServiceError(
-            ErrorKind.NOT_FOUND, "admin routes are disabled: the service has no admin token configured"
-        )
+        raise NotFoundError("admin routes are disabled: the service has no admin token configured")
     if credentials is None or not credentials.credentials:
-        raise ServiceError(
-            ErrorKind.UNAUTHORIZED,
-            "missing admin token: send the header 'Authorization: Bearer <token>'",
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        raise UnauthorizedError("missing admin token: send the header 'Authorization: Bearer <token>'")
     if not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
-        raise ServiceError(ErrorKind.FORBIDDEN, "the admin token is not valid")
+        raise ForbiddenError("the admin token is not valid")
 
 
 router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)])
@@ -66,7 +61,7 @@ async def reload_bundle(
     elif settings.bundle is not None:
         path = settings.bundle
     else:
-        raise ServiceError(ErrorKind.VALIDATION, "no bundle is configured: give the bundle 'path'", "path")
+        raise FieldError("no bundle is configured: give the bundle 'path'", "path")
     t0 = time.perf_counter()
     old, new = await load_and_activate(request.app.state, path, settings)
     return ReloadResponse(

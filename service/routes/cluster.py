@@ -16,10 +16,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import OverloadedError
 from service.routes.deps import SettingsDep, StateDep
 from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
-from subspace.clustering import METHODS, ClusteringError, cluster_keywords, dedupe_keywords, make_method
+from subspace.clustering import METHODS, cluster_keywords, dedupe_keywords, make_method
+from subspace.errors import FieldError
 
 router = APIRouter(tags=["cluster"])
 
@@ -83,20 +84,13 @@ class ClusterResponse(BaseModel):
     bundle_version: str
 
 
-def _invalid(message: str, field: str | None) -> ServiceError:
-    return ServiceError(ErrorKind.VALIDATION, message, field)
-
-
 def _params(body: ClusterRequest) -> dict[str, Any]:
     params: dict[str, Any] = {}
     if body.threshold is not None:
         params["threshold"] = body.threshold
     if body.min_cluster_size is not None:
         params["min_cluster_size"] = body.min_cluster_size
-    try:
-        make_method(body.method, **params)  # validate before any work
-    except ClusteringError as exc:
-        raise _invalid(str(exc), exc.field) from None
+    make_method(body.method, **params)  # validate before any work (ClusteringError: 422)
     return params
 
 
@@ -111,24 +105,20 @@ async def cluster(
 ) -> JSONResponse:
     limit = settings.max_cluster_keywords
     if len(body.keywords) > limit:
-        raise _invalid(f"keywords has {len(body.keywords)} items; at most {limit} per request", "keywords")
-    try:
-        keywords, merged = dedupe_keywords(body.keywords)
-    except ClusteringError as exc:
-        raise _invalid(str(exc), exc.field) from None
+        raise FieldError(f"keywords has {len(body.keywords)} items; at most {limit} per request", "keywords")
+    keywords, merged = dedupe_keywords(body.keywords)
     resolved = request.app.state.registry.current.resolve(
         state.layout, weights=body.weights, operating_point=body.operating_point
     )
     params = _params(body)
     if state.encoder is None:
-        raise _invalid(f"bundle {state.version} has no query encoder: it cannot embed keywords", "keywords")
+        raise FieldError(f"bundle {state.version} has no query encoder: it cannot embed keywords", "keywords")
     app_state = request.app.state
     running = getattr(app_state, "cluster_jobs", 0)
     if running >= settings.max_cluster_jobs:
-        raise ServiceError(
-            ErrorKind.OVERLOADED,
+        raise OverloadedError(
             f"{running} clustering request(s) already running (max_cluster_jobs); retry shortly",
-            headers={"Retry-After": "1"},
+            retry_after=1.0,
         )
     app_state.cluster_jobs = running + 1  # the event loop is single-threaded: no lock needed
     try:

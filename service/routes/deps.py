@@ -15,7 +15,7 @@ from fastapi import Depends, Request
 
 from service.batching import MicroBatcher
 from service.config import Settings
-from service.errors import ErrorKind, ServiceError
+from service.errors import NotReadyError
 from service.metrics import Metrics
 from service.registry import RegistryWatcher
 from service.state import ServingState, StateHolder
@@ -47,7 +47,7 @@ async def serving_state(request: Request) -> ServingState:
     state = h.current
     if state is None:
         reason = h.error or "the bundle is still loading"
-        raise ServiceError(ErrorKind.NOT_READY, f"not ready: {reason}", headers={"Retry-After": "1"})
+        raise NotReadyError(f"not ready: {reason}", retry_after=1.0)
     return state
 
 

@@ -18,7 +18,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 
-from service.errors import ErrorKind, ServiceError
+from service.errors import NotFoundError, NotReadyError
 from service.registry import Registry, RegistryWatcher
 
 router = APIRouter(tags=["registry"])
@@ -74,7 +74,7 @@ class AssignmentOut(BaseModel):
 def _registry(request: Request) -> Registry:
     watcher: RegistryWatcher | None = getattr(request.app.state, "registry", None)
     if watcher is None:
-        raise ServiceError(ErrorKind.NOT_READY, "the operating-point registry is not loaded yet")
+        raise NotReadyError("the operating-point registry is not loaded yet")
     return watcher.current
 
 
@@ -100,11 +100,7 @@ def get_assignment(
 ) -> dict[str, Any]:
     registry = _registry(request)
     if name not in registry.experiments:
-        raise ServiceError(
-            ErrorKind.NOT_FOUND,
-            f"unknown experiment {name!r}; defined: {sorted(registry.experiments)}",
-            "name",
-        )
+        raise NotFoundError(f"unknown experiment {name!r}; defined: {sorted(registry.experiments)}", "name")
     a = registry.assignment(name, unit_id)
     point = registry.operating_points[a.arm.operating_point]
     return {

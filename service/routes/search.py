@@ -14,12 +14,12 @@ import numpy as np
 from fastapi import APIRouter
 
 from service.batching import QueryHits, QueryInput
-from service.errors import ErrorKind, ServiceError
 from service.fastjson import FastJSONResponse, FastJSONRoute
 from service.metrics import Metrics
 from service.routes.deps import SearchContext, SearchContextDep
 from service.schemas import Query, SearchRequest, SearchResponse, error_responses
 from service.state import ServingState
+from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
 # FastJSONRoute: the body (384 floats per vector query) is parsed by pydantic-core, not json.loads.
@@ -28,10 +28,6 @@ router = APIRouter(tags=["search"], route_class=FastJSONRoute)
 #: Responses with more hits than this are built on a worker thread, off the event loop.
 _BUILD_INLINE_MAX_HITS = 4096
 _DOC_FIELDS = ("text", "title", "url")
-
-
-def _invalid(message: str, field: str) -> ServiceError:
-    return ServiceError(ErrorKind.VALIDATION, message, field)
 
 
 def _layout_desc(layout: SubspaceLayout) -> str:
@@ -47,12 +43,12 @@ def query_vector(
         out = np.zeros(layout.dim, dtype=np.float64)
         for name, block in vector.items():
             if name not in layout:
-                raise _invalid(
+                raise FieldError(
                     f"{field} has unknown subspace {name!r}; valid names: {list(layout.names)}",
                     f"{field}.{name}",
                 )
             if len(block) != layout[name].dim:
-                raise _invalid(
+                raise FieldError(
                     f"{field}.{name} has {len(block)} components; subspace {name!r} has dim "
                     f"{layout[name].dim}",
                     f"{field}.{name}",
@@ -60,7 +56,7 @@ def query_vector(
             out[layout.slice(name)] = block
     else:
         if len(vector) != layout.dim:
-            raise _invalid(
+            raise FieldError(
                 f"{field} has {len(vector)} components; the layout has D={layout.dim} "
                 f"({_layout_desc(layout)}), or send an object by subspace name",
                 field,
@@ -68,7 +64,7 @@ def query_vector(
         out = np.asarray(vector, dtype=np.float64)
     # A finite non-zero block normalises to a non-zero block: checking the raw values suffices.
     if not out.any():
-        raise _invalid(f"{field} is all zero: at least one subspace block must be non-zero", field)
+        raise FieldError(f"{field} is all zero: at least one subspace block must be non-zero", field)
     return out
 
 
@@ -78,7 +74,7 @@ def prepare_queries(queries: list[Query], state: ServingState) -> list[QueryInpu
         field = f"queries[{i}]"
         if q.text is not None:
             if state.encoder is None:
-                raise _invalid(
+                raise FieldError(
                     f"bundle {state.version} has no query encoder: send vectors instead of text",
                     f"{field}.text",
                 )
@@ -133,16 +129,17 @@ async def search(body: SearchRequest, ctx: SearchContextDep) -> FastJSONResponse
 async def run_search(body: SearchRequest, ctx: SearchContext) -> dict[str, Any]:
     """The search itself, after body validation: the response body as JSON types.
 
-    Shared by the route and by :mod:`service.fastpath`; raises :class:`ServiceError`.
+    Shared by the route and by :mod:`service.fastpath`; raises domain errors (``FieldError``
+    422, ``OverloadedError`` 429, ``NotReadyError`` 503).
     """
     started = time.perf_counter()
     state, settings, metrics = ctx.state, ctx.settings, ctx.metrics
     if len(body.queries) > settings.max_queries:
-        raise _invalid(
+        raise FieldError(
             f"queries has {len(body.queries)} items; at most {settings.max_queries} per request", "queries"
         )
     if body.k > settings.max_k:
-        raise _invalid(f"k must be between 1 and {settings.max_k}, got {body.k}", "k")
+        raise FieldError(f"k must be between 1 and {settings.max_k}, got {body.k}", "k")
     resolved = ctx.registry.current.resolve(
         state.layout,
         weights=body.weights,

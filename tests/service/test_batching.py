@@ -13,7 +13,7 @@ import pytest
 
 from service.batching import MicroBatcher, QueryInput
 from service.engine import create_engine
-from service.errors import ErrorKind, ServiceError
+from service.errors import STATUS, NotReadyError, OverloadedError, error_headers, error_kind
 from service.metrics import Metrics
 from service.state import ServingState
 from subspace.bundle import read_bundle, write_bundle
@@ -127,10 +127,10 @@ def test_full_queue_is_429_with_retry_after_and_queue_recovers(tmp_path: Path) -
         await asyncio.sleep(0.01)
         assert b.depth == 3
         assert metrics.queue_depth._value.get() == 3
-        with pytest.raises(ServiceError) as err:
+        with pytest.raises(OverloadedError) as err:
             await b.submit(state, _vectors(2, 2), np.ones(2), 1)
-        assert err.value.kind is ErrorKind.OVERLOADED and err.value.status == 429
-        assert err.value.headers["Retry-After"] == "1"
+        assert STATUS[error_kind(err.value)] == 429
+        assert error_headers(err.value)["Retry-After"] == "1"
         state.engine.gate.set()  # type: ignore[attr-defined]
         await asyncio.gather(busy, queued)
         assert len(await b.submit(state, _vectors(4, 3), np.ones(2), 1)) == 4  # room again
@@ -181,9 +181,9 @@ def test_stop_answers_queued_jobs_before_closing(tmp_path: Path) -> None:
         await asyncio.sleep(0.02)
         stopping = asyncio.create_task(b.stop())
         await asyncio.sleep(0.02)
-        with pytest.raises(ServiceError) as err:
+        with pytest.raises(NotReadyError) as err:
             await b.submit(state, _vectors(1, 9), np.ones(2), 2)
-        assert err.value.status == 503
+        assert STATUS[error_kind(err.value)] == 503
         state.engine.gate.set()  # type: ignore[attr-defined]
         results = await asyncio.gather(*tasks)
         await stopping
