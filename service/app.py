@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import logging
 from collections.abc import AsyncIterator, Sequence
 from contextlib import asynccontextmanager
@@ -25,7 +24,6 @@ from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import Receive, Scope, Send
 
 from service.batching import MicroBatcher
 from service.config import Settings, get_settings
@@ -38,7 +36,6 @@ from service.errors import (
     error_response,
     kind_for_status,
 )
-from service.fastpath import SearchFastPath
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
@@ -159,24 +156,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await app.state.registry.stop()
 
 
-class ESPApp(FastAPI):
-    """FastAPI, with valid searches answered before its middleware stack (:mod:`service.fastpath`).
-
-    Every request is offered to :attr:`search_fast_path` first (a header check); what it does
-    not take, and what it hands back, runs through the whole app as in plain FastAPI.
-    """
-
-    search_fast_path: SearchFastPath | None = None
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        fast = self.search_fast_path
-        if fast is not None and fast.takes(scope):
-            await fast(scope, receive, send)
-        else:
-            await super().__call__(scope, receive, send)
-
-
-def create_app(settings: Settings | None = None) -> ESPApp:
+def create_app(settings: Settings | None = None) -> FastAPI:
     """A new app with its own metrics registry; ``settings`` default to :func:`get_settings`."""
     settings = settings if settings is not None else get_settings()
     if settings.max_queries > settings.queue_size:
@@ -184,7 +164,7 @@ def create_app(settings: Settings | None = None) -> ESPApp:
             f"max_queries ({settings.max_queries}) must not exceed queue_size ({settings.queue_size}): "
             "a full request could never be queued"
         )
-    app = ESPApp(
+    app = FastAPI(
         title="ESP retrieval",
         version="0.1.0",
         summary="Exact multi-subspace kNN with per-request weights (Embedding Subspace Partitioning).",
@@ -195,8 +175,6 @@ def create_app(settings: Settings | None = None) -> ESPApp:
     app.state.metrics = Metrics()
     app.state.holder = StateHolder()
     _install_error_handlers(app)
-    if not settings.otel:  # with tracing on, every request takes the traced FastAPI stack
-        app.search_fast_path = SearchFastPath(app, full=functools.partial(FastAPI.__call__, app))
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.include_router(meta.router)

@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import re
 import time
-from collections.abc import Callable
 from typing import Any
 
 from starlette.routing import compile_path
@@ -47,7 +46,9 @@ def route_template(scope: Scope) -> str:
 
 
 class MetricsMiddleware:
-    """``esp_requests_total{route,status}`` and ``esp_request_duration_seconds{route}``."""
+    """``esp_requests_total{route,status}`` (500 when the app raised before answering) and
+    ``esp_request_duration_seconds{route}``; the route template is read after the app ran (the
+    router fills the scope in)."""
 
     def __init__(self, app: ASGIApp, metrics: Metrics) -> None:
         self.app = app
@@ -57,37 +58,22 @@ class MetricsMiddleware:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        await counted(self.app, scope, receive, send, metrics=self.metrics, route=route_template)
+        status = 500
+        t0 = time.perf_counter()
 
+        async def send_wrapper(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
 
-async def counted(
-    app: ASGIApp,
-    scope: Scope,
-    receive: Receive,
-    send: Send,
-    *,
-    metrics: Metrics,
-    route: Callable[[Scope], str],
-    started: float | None = None,
-) -> None:
-    """Run ``app`` on one HTTP request and count it: ``esp_requests_total{route,status}`` (500
-    when it raised before answering) and ``esp_request_duration_seconds{route}`` from ``started``
-    (default: now). ``route(scope)`` is read after ``app`` ran (the router fills the scope in)."""
-    status = 500
-    t0 = time.perf_counter() if started is None else started
-
-    async def send_wrapper(message: Message) -> None:
-        nonlocal status
-        if message["type"] == "http.response.start":
-            status = int(message["status"])
-        await send(message)
-
-    try:
-        await app(scope, receive, send_wrapper)
-    finally:
-        template = route(scope)
-        metrics.child(metrics.requests, template, str(status)).inc()
-        metrics.child(metrics.request_duration, template).observe(time.perf_counter() - t0)
+        try:
+            await self.app(scope, receive, send_wrapper)
+        finally:
+            metrics = self.metrics
+            template = route_template(scope)
+            metrics.child(metrics.requests, template, str(status)).inc()
+            metrics.child(metrics.request_duration, template).observe(time.perf_counter() - t0)
 
 
 async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:

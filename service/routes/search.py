@@ -2,19 +2,30 @@
 
 Each request captures the served state once; its vectors are validated against that state's
 layout and scored on that state, even if a hot reload swaps the bundle meanwhile.
+
+The route is an ordinary FastAPI route (dependencies, overrides, the app's middleware and
+exception handlers all apply); only JSON goes through pydantic-core's Rust codec, because a
+vector query is hundreds of floats: :class:`PydanticJSONRoute` validates the body straight
+from its bytes in one call, and :class:`PydanticJSONResponse` renders the answer.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+from collections.abc import Callable, Coroutine
 from typing import Any
 
 import numpy as np
+import pydantic_core
 from fastapi import APIRouter
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, ValidationError
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 
 from service.batching import QueryHits, QueryInput
-from service.fastjson import FastJSONResponse, FastJSONRoute
 from service.metrics import Metrics
 from service.routes.deps import SearchContext, SearchContextDep
 from service.schemas import Query, SearchRequest, SearchResponse, error_responses
@@ -22,8 +33,68 @@ from service.state import ServingState
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
-# FastJSONRoute: the body (384 floats per vector query) is parsed by pydantic-core, not json.loads.
-router = APIRouter(tags=["search"], route_class=FastJSONRoute)
+
+def _loads(body: bytes) -> Any:
+    """``json.loads`` semantics (it raises ``json.JSONDecodeError``), pydantic-core speed: what
+    ``from_json`` refuses (a UTF-16 body, a BOM, a lone surrogate escape) the stdlib judges, so
+    what is accepted and every "not valid JSON" message are FastAPI's own."""
+    try:
+        return pydantic_core.from_json(body)
+    except ValueError:
+        return json.loads(body)
+
+
+class _ModelJSONRequest(Request):
+    """A request whose ``json()`` is the body model itself when the bytes validate against it
+    (``model_validate_json``: parse and validate in one pydantic-core call). FastAPI accepts an
+    instance of the declared model as is; bytes that do not validate are parsed as plain JSON,
+    so FastAPI's own validation reports the errors exactly as for any other route."""
+
+    body_model: type[BaseModel]
+
+    async def json(self) -> Any:
+        if not hasattr(self, "_json"):
+            raw = await self.body()
+            try:
+                self._json = self.body_model.model_validate_json(raw)
+            except ValidationError:
+                self._json = _loads(raw)
+        return self._json
+
+
+class PydanticJSONRoute(APIRoute):
+    """An :class:`APIRoute` whose JSON body is validated by ``model_validate_json`` of its model.
+
+    Dependencies, overrides, errors and the OpenAPI schema are FastAPI's; only the body's
+    parsing changes (a vector query is hundreds of floats: the stdlib's ``json.loads`` plus
+    validating the dict costs several times one pydantic-core call).
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+        model = self.body_field.field_info.annotation if self.body_field is not None else None
+        if not (isinstance(model, type) and issubclass(model, BaseModel)):
+            return handler
+        request_class = type(f"{model.__name__}JSONRequest", (_ModelJSONRequest,), {"body_model": model})
+
+        async def model_json_handler(request: Request) -> Response:
+            return await handler(request_class(request.scope, request.receive, request._send))
+
+        return model_json_handler
+
+
+class PydanticJSONResponse(JSONResponse):
+    """A :class:`JSONResponse` rendered by pydantic-core (compact UTF-8, like Starlette's).
+
+    Content must be JSON types; non-finite floats are written as ``null`` where the stdlib
+    would raise, so callers send finite numbers only (engine scores are).
+    """
+
+    def render(self, content: Any) -> bytes:
+        return pydantic_core.to_json(content)
+
+
+router = APIRouter(tags=["search"], route_class=PydanticJSONRoute)
 
 #: Responses with more hits than this are built on a worker thread, off the event loop.
 _BUILD_INLINE_MAX_HITS = 4096
@@ -122,15 +193,14 @@ def _observe_weights(metrics: Metrics, layout: SubspaceLayout, block_weights: np
     responses=error_responses(413, 422, 429, 503),
     summary="Exact weighted top-k over all subspaces, weights chosen per request",
 )
-async def search(body: SearchRequest, ctx: SearchContextDep) -> FastJSONResponse:
-    return FastJSONResponse(await run_search(body, ctx))
+async def search(body: SearchRequest, ctx: SearchContextDep) -> PydanticJSONResponse:
+    return PydanticJSONResponse(await run_search(body, ctx))
 
 
 async def run_search(body: SearchRequest, ctx: SearchContext) -> dict[str, Any]:
     """The search itself, after body validation: the response body as JSON types.
 
-    Shared by the route and by :mod:`service.fastpath`; raises domain errors (``FieldError``
-    422, ``OverloadedError`` 429, ``NotReadyError`` 503).
+    Raises domain errors (``FieldError`` 422, ``OverloadedError`` 429, ``NotReadyError`` 503).
     """
     started = time.perf_counter()
     state, settings, metrics = ctx.state, ctx.settings, ctx.metrics
