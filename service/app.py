@@ -31,7 +31,6 @@ from service.errors import (
     ERROR_KINDS,
     ErrorKind,
     ReloadRefusedError,
-    ServiceError,
     error_body,
     error_response,
     kind_for_status,
@@ -110,7 +109,7 @@ def _install_error_handlers(app: FastAPI) -> None:
         log.error("unhandled error: %s", exc, exc_info=exc)
         return JSONResponse(error_body(ErrorKind.INTERNAL, "internal error (logged)"), status_code=500)
 
-    for cls in (*ERROR_KINDS, ServiceError):
+    for cls in ERROR_KINDS:
         app.add_exception_handler(cls, domain_error)
     app.add_exception_handler(RequestValidationError, request_validation)
     app.add_exception_handler(StarletteHTTPException, http_error)

@@ -95,22 +95,8 @@ ERROR_KINDS: dict[type[Exception], ErrorKind] = {
 }
 
 
-class ServiceError(FieldError):
-    """Transitional, until ``service.registry`` raises only domain errors: a FieldError that
-    names its kind (and headers) itself. New code raises a domain class of the table."""
-
-    def __init__(
-        self, kind: ErrorKind, message: str, field: str | None = None, headers: dict[str, str] | None = None
-    ) -> None:
-        super().__init__(message, field)
-        self.kind = kind
-        self.headers = headers or {}
-
-
 def error_kind(exc: BaseException) -> ErrorKind:
     """The kind of ``exc``: the table's entry for the first class of its MRO that has one."""
-    if isinstance(exc, ServiceError):
-        return exc.kind
     for cls in type(exc).__mro__:
         kind = ERROR_KINDS.get(cls)
         if kind is not None:
@@ -121,7 +107,7 @@ def error_kind(exc: BaseException) -> ErrorKind:
 def error_headers(exc: BaseException) -> dict[str, str]:
     """``Retry-After`` (whole seconds, at least 1) when the error says how long to wait;
     ``WWW-Authenticate`` for a missing token."""
-    headers: dict[str, str] = dict(exc.headers) if isinstance(exc, ServiceError) else {}
+    headers: dict[str, str] = {}
     retry_after = getattr(exc, "retry_after", None)
     if retry_after is not None:
         headers["Retry-After"] = str(max(1, math.ceil(retry_after)))
