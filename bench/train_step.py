@@ -55,8 +55,10 @@ def _parts(batch: int, seed: int = 0):
 
 def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
     from training.config import TrainConfig
+    from training.features import FeatureStore
     from training.losses import build_loss
-    from training.trainer import FeatureStore, Task, Trainer, build_model, default_trunk_path
+    from training.run import RunParts, Task, build_methods, build_model, default_trunk_path
+    from training.trainer import Trainer
 
     if threads:
         torch.set_num_threads(threads)
@@ -92,15 +94,7 @@ def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
         model0 = build_model(base_cfg, classes)
         store = None
         if mode == "frozen":
-            texts = sorted(
-                {
-                    t
-                    for d in datas.values()
-                    for t in (
-                        d.train.texts if hasattr(d.train, "texts") else d.train.anchors + d.train.positives
-                    )
-                }
-            )
+            texts = sorted({t for d in datas.values() for t in d.train.texts_used()})
             store = FeatureStore(texts, model0.trunk.encode(texts), torch.device("cpu"))
         times = {}
         for label, (surgery, weighting) in variants.items():
@@ -124,7 +118,8 @@ def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
                 )
                 for k, o in enumerate(objectives)
             ]
-            tr = Trainer.from_parts(cfg, model, tasks, store)
+            methods = build_methods(cfg, [t.name for t in tasks])
+            tr = Trainer(RunParts(model, tasks, *methods, store=store), cfg, progress=False)
             opt, _ = tr.optimizer()
             model.train()
             per = []

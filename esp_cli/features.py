@@ -34,7 +34,7 @@ def run(args: argparse.Namespace) -> int:
     from training.config import load_config
     from training.features import pooled_features, trunk_fingerprint
     from training.model import Trunk, TrunkMode
-    from training.trainer import data_context, default_trunk_path, load_corpus
+    from training.run import data_context, default_trunk_path, load_corpus
 
     try:
         cfg = load_config(args.config)

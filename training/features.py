@@ -16,7 +16,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -30,6 +30,9 @@ from training.model import Trunk
 #: precomputed features shipped with the repository (see its SOURCE.txt); relative to the data folder
 SHIPPED_SUBDIR = "trunk-features"
 SHIPPED_DIR = DEFAULT_DATA_DIR / SHIPPED_SUBDIR
+
+#: ``texts -> (n, H)`` pooled trunk features (a :class:`FeatureStore` or the trunk's forward pass)
+Pooled = Callable[[list[str]], torch.Tensor]
 
 log = logging.getLogger(__name__)
 
@@ -154,3 +157,14 @@ def pooled_features(
                 if path is not None:
                     _save_atomic(path, feats)
     return out
+
+
+class FeatureStore:
+    """Pooled trunk features by text (frozen mode): a lookup instead of a transformer pass."""
+
+    def __init__(self, texts: list[str], feats: np.ndarray, device: torch.device) -> None:
+        self.row = {t: i for i, t in enumerate(texts)}
+        self.feats = torch.from_numpy(feats).to(device)
+
+    def __call__(self, texts: list[str]) -> torch.Tensor:
+        return self.feats[[self.row[t] for t in texts]]

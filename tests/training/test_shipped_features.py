@@ -15,7 +15,7 @@ import pytest
 from training.config import load_config
 from training.features import CHUNK, SHIPPED_DIR, chunk_name, trunk_fingerprint
 from training.model import Trunk, TrunkMode
-from training.trainer import data_context, default_trunk_path, load_corpus
+from training.run import data_context, default_trunk_path, load_corpus
 
 pytestmark = pytest.mark.slow
 

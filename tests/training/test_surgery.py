@@ -62,6 +62,6 @@ def test_sum_and_registry() -> None:
     out, info = build_surgery("sum").combine(g)
     torch.testing.assert_close(out, torch.tensor([0.0, 1.0]))
     assert not info.projected.any()
-    assert set(SURGERIES) == {"sum", "pcgrad"}
-    with pytest.raises(ValueError, match="allowed: \\['pcgrad', 'sum'\\]"):
-        build_surgery("gradnorm")
+    assert set(SURGERIES) >= {"sum", "pcgrad"}
+    with pytest.raises(ValueError, match="allowed: \\[.*'pcgrad'.*'sum'.*\\]"):
+        build_surgery("no_such_surgery")

@@ -100,6 +100,7 @@ def test_heldout_queries_never_trained_on(tiny_data_dir: Path) -> None:
 
 def test_heads_get_their_own_gradients_untouched(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
     """After surgery the shared grads change, but each head's grad is exactly grad(lambda_k * L_k)."""
+    from training.run import build_run
     from training.trainer import Trainer
 
     cfg = tiny_train_config(
@@ -109,7 +110,7 @@ def test_heads_get_their_own_gradients_untouched(tiny_data_dir: Path, tiny_bert_
         weighting={"name": "static", "params": {"weights": {"semantic": 2.0, "entity": 0.5}}},
         optim={"steps": 1, "grad_clip": None},
     )
-    tr = Trainer(cfg, progress=False)
+    tr = Trainer(build_run(cfg), cfg, progress=False)
     model = tr.model
     opt = torch.optim.SGD(model.parameters(), lr=0.0)  # lr 0: the step leaves the weights as they are
     state = [t.batches for t in tr.tasks]
@@ -133,3 +134,4 @@ def test_heads_get_their_own_gradients_untouched(tiny_data_dir: Path, tiny_bert_
     for t in tr.tasks:
         for p, g in zip(model.task_parameters(t.name), expected[t.name], strict=True):
             torch.testing.assert_close(p.grad, g)
+

@@ -37,7 +37,7 @@ def test_equal_and_static() -> None:
         build_weighting("static", ["a", "b"], weights={"c": 1})
     with pytest.raises(ValueError, match="finite number >= 0"):
         build_weighting("static", ["a"], weights={"a": -1})
-    with pytest.raises(ValueError, match="allowed"):
-        build_weighting("uncertainty", ["a"])
+    with pytest.raises(ValueError, match="allowed: \\[.*'dwa'.*'equal'.*'static'.*\\]"):
+        build_weighting("no_such_weighting", ["a"])
     with pytest.raises(ValueError, match="window"):
         build_weighting("dwa", ["a"], window=0)

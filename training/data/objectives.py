@@ -22,16 +22,26 @@ from __future__ import annotations
 
 import hashlib
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+import torch
+
+from training.data.batching import random_batches, unique_batches
 from training.data.dlhard import load_entity_queries, load_folds, name_mentions
 from training.data.mimics import load_mimics_pairs
 from training.data.orcas import load_orcas
 from training.data.trec import TrecDL, load_trec
+from training.losses.base import TaskOutput
+
+#: ``texts -> (n, d)`` objective vectors (L2-normalised) of one objective
+Embed = Callable[[list[str]], torch.Tensor]
+#: ``(n, d) vectors -> (n, C)`` class logits (the cosine intent classifier)
+Classify = Callable[[torch.Tensor], torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -44,8 +54,46 @@ class Split:
     intent_fold: int = 0  # the fold held out when intent_folds is set
 
 
+class TrainSet:
+    """Training rows of one objective data kind: the trainer talks to this interface only.
+
+    Each kind knows the texts it embeds, how its mini-batches are drawn and which
+    :class:`~training.losses.base.TaskOutput` fields a batch fills, so adding a kind is one
+    subclass (no branches on the kind elsewhere).
+    """
+
+    def __len__(self) -> int:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def texts_used(self) -> set[str]:
+        """Every text a batch may embed (frozen mode computes their trunk features up front)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def batches(self, batch_size: int, seed: int) -> Iterator[list[int]]:
+        """Row-index batches, forever (seeded)."""
+        raise NotImplementedError  # pragma: no cover
+
+    def task_output(
+        self, idx: list[int], embed: Embed, rng: random.Random, classify: Classify | None
+    ) -> TaskOutput:
+        """The loss inputs of rows ``idx``; ``rng`` draws hard negatives, ``classify`` gives logits."""
+        raise NotImplementedError  # pragma: no cover
+
+    def digest_rows(self) -> list[str]:
+        """One line per training row, hashed into the bundle's ``data_hashes``."""
+        raise NotImplementedError  # pragma: no cover
+
+    def class_names(self) -> list[str] | None:
+        """The classes of a classification set; ``None`` for other kinds."""
+        return None
+
+    def balanced_class_weights(self) -> list[float] | None:
+        """``n / (C * count_c)`` per class (scikit-learn's 'balanced'); ``None``: not classification."""
+        return None
+
+
 @dataclass
-class PairSet:
+class PairSet(TrainSet):
     """Training pairs; ``groups[i]`` identifies the anchor (no two rows of a group in one batch)."""
 
     anchors: list[str]
@@ -57,15 +105,67 @@ class PairSet:
     def __len__(self) -> int:
         return len(self.anchors)
 
+    def texts_used(self) -> set[str]:
+        return set(self.anchors) | set(self.positives) | {n for v in self.negatives.values() for n in v}
+
+    def batches(self, batch_size: int, seed: int) -> Iterator[list[int]]:
+        return unique_batches(self.groups, self.positives, batch_size, seed)
+
+    def task_output(
+        self, idx: list[int], embed: Embed, rng: random.Random, classify: Classify | None
+    ) -> TaskOutput:
+        """Anchors, positives and at most one hard negative per row (shared by the batch)."""
+        anchors = [self.anchors[i] for i in idx]
+        positives = [self.positives[i] for i in idx]
+        negs = []
+        for i in idx:
+            cands = self.negatives.get(self.groups[i])
+            if cands:
+                negs.append(rng.choice(cands))
+        z = embed(anchors + positives + negs)
+        n = len(idx)
+        t = self.targets
+        targets = None if t is None else torch.tensor([t[i] for i in idx], device=z.device)
+        return TaskOutput(
+            anchors=z[:n], positives=z[n : 2 * n], negatives=z[2 * n :] if negs else None, targets=targets
+        )
+
+    def digest_rows(self) -> list[str]:
+        return [f"{a}\t{p}" for a, p in zip(self.anchors, self.positives, strict=True)]
+
 
 @dataclass
-class ClassSet:
+class ClassSet(TrainSet):
     texts: list[str]
     labels: list[int]
     classes: list[str]
 
     def __len__(self) -> int:
         return len(self.texts)
+
+    def texts_used(self) -> set[str]:
+        return set(self.texts)
+
+    def batches(self, batch_size: int, seed: int) -> Iterator[list[int]]:
+        return random_batches(len(self), batch_size, seed)
+
+    def task_output(
+        self, idx: list[int], embed: Embed, rng: random.Random, classify: Classify | None
+    ) -> TaskOutput:
+        """The texts' vectors, their labels and (with a classifier) the class logits."""
+        z = embed([self.texts[i] for i in idx])
+        labels = torch.tensor([self.labels[i] for i in idx], device=z.device)
+        return TaskOutput(anchors=z, logits=classify(z) if classify is not None else None, labels=labels)
+
+    def digest_rows(self) -> list[str]:
+        return [f"{x}\t{y}" for x, y in zip(self.texts, self.labels, strict=True)]
+
+    def class_names(self) -> list[str] | None:
+        return self.classes
+
+    def balanced_class_weights(self) -> list[float] | None:
+        counts = np.bincount(np.asarray(self.labels), minlength=len(self.classes)).astype(np.float64)
+        return (len(self.labels) / (len(self.classes) * np.maximum(counts, 1))).tolist()
 
 
 @dataclass
@@ -82,7 +182,7 @@ class HeldOut:
 @dataclass
 class ObjectiveData:
     name: str
-    train: PairSet | ClassSet
+    train: TrainSet
     heldout: HeldOut
     stats: dict[str, Any]
 

@@ -149,6 +149,7 @@ def _features(ctx: Context, trainer: Any) -> Features:
 def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
                        intent_fold: int | None = None) -> Run:
     """Train one run of ``method`` and evaluate it on its held-out year and intent fold."""
+    from training.run import build_run
     from training.trainer import Trainer
 
     cfg = ctx.cfg
@@ -161,7 +162,7 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
 
     tc = TrainConfig(**d)
     t0 = time.perf_counter()
-    trainer = Trainer(tc, trunk_path=ctx.trunk_path, progress=False)
+    trainer = Trainer(build_run(tc, trunk_path=ctx.trunk_path), tc, progress=False)
     fold = "" if intent_fold is None else f"-fold{intent_fold}"
     run_dir = ctx.work_dir / "runs" / method / f"seed{seed}-heldout-{heldout_year}{fold}"
     result = trainer.run(run_dir)
