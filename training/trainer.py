@@ -6,8 +6,10 @@ the loop. Per step (docs/architecture.md, "Training")::
     lambda = weighting.weights()                                     (K,)
     L_k    = loss_k(model, batch_k)                                  unweighted, one batch per task
     g_k    = grad(lambda_k * L_k, shared + task_k params)            torch.autograd.grad, on device
+    weighting.observe_gradients(|g_k|shared|)                        optional hook
     shared.grad = surgery.combine([g_k|shared])                      sum | PCGrad (projected, summed)
     task_k.grad = g_k|task_k                                         heads: never projected
+    weighting params .grad = grad(weighting.combine(L))              only if it has parameters
     clip, AdamW step, schedule; weighting.update(L)                  DWA sees the unweighted losses
 
 Every step writes one JSONL record (per task: loss, lambda, grad_norm; per pair: cosine and
@@ -175,6 +177,12 @@ class Trainer:
                             "projected": bool(info.projected[i, j] or info.projected[j, i]),
                         }
                     )
+        self.weighting.observe_gradients(np.asarray(task_norms))
+        own_params = self.weighting.parameters()
+        if own_params:
+            total = self.weighting.combine(torch.tensor(losses))
+            for p, g in zip(own_params, torch.autograd.grad(total, own_params), strict=True):
+                p.grad = g
         if self.config.optim.grad_clip:
             clip = self.config.optim.grad_clip
             torch.nn.utils.clip_grad_norm_([p for p in clipped if p.grad is not None], clip)
@@ -201,6 +209,9 @@ class Trainer:
         groups = [{"params": rest, "lr": o.lr}]
         if trunk_params:
             groups.append({"params": trunk_params, "lr": o.trunk_lr})
+        own, lr = self.weighting.parameters(), self.weighting.lr
+        if own:  # learned task weights: no decay (it would pull them towards 0)
+            groups.append({"params": own, "lr": o.lr if lr is None else lr, "weight_decay": 0.0})
         opt = torch.optim.AdamW(groups, weight_decay=o.weight_decay)
         return opt, torch.optim.lr_scheduler.LambdaLR(opt, _lr_lambda(o.warmup_steps, o.steps))
 

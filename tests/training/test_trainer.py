@@ -135,3 +135,42 @@ def test_heads_get_their_own_gradients_untouched(tiny_data_dir: Path, tiny_bert_
         for p, g in zip(model.task_parameters(t.name), expected[t.name], strict=True):
             torch.testing.assert_close(p.grad, g)
 
+
+def test_weighting_may_learn_parameters_and_see_gradient_norms(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
+    """A weighting with its own parameters is stepped by the trainer's optimiser from ``combine``;
+    ``observe_gradients`` sees the logged per-task norms; no trainer change is needed for either."""
+    from training.run import build_run
+    from training.trainer import Trainer
+    from training.weighting.base import Weighting
+
+    class Learned(Weighting):
+        lr = 0.1
+
+        def __init__(self, tasks):
+            super().__init__(tasks)
+            self.w = torch.nn.Parameter(torch.ones(self.k))
+            self.seen: list[np.ndarray] = []
+
+        def weights(self):
+            return self.w.detach().double().numpy().copy()
+
+        def parameters(self):
+            return [self.w]
+
+        def combine(self, losses):
+            return (self.w * losses).sum()  # d/dw_k = L_k > 0: SGD lowers every weight
+
+        def observe_gradients(self, norms):
+            self.seen.append(norms)
+
+    cfg = tiny_train_config(tiny_data_dir, tiny_bert_dir, optim={"steps": 3, "warmup_steps": 0})
+    parts = build_run(cfg)
+    parts.weighting = Learned([t.name for t in parts.tasks])
+    tr = Trainer(parts, cfg, progress=False)
+    opt, _ = tr.optimizer()
+    assert any(p is parts.weighting.w for g in opt.param_groups for p in g["params"])
+    recs = [tr.step(s, opt) for s in (1, 2)]
+    assert (parts.weighting.w.detach() < 1).all()
+    assert recs[1]["tasks"]["semantic"]["lambda"] < 1.0 == recs[0]["tasks"]["semantic"]["lambda"]
+    for rec, norms in zip(recs, parts.weighting.seen, strict=True):
+        assert [v["grad_norm"] for v in rec["tasks"].values()] == pytest.approx(norms.tolist(), abs=1e-5)
