@@ -1,4 +1,4 @@
-"""Gradient-surgery registry (``sum``, ``pcgrad``): one file per method, one line here."""
+"""Gradient-surgery registry :data:`SURGERIES`: one file per method, one line here (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,10 @@ from training.surgery.base import Surgery, SurgeryInfo
 from training.surgery.pcgrad import PCGrad
 from training.surgery.sum import Sum
 
-SURGERIES: dict[str, type[Surgery]] = {"sum": Sum, "pcgrad": PCGrad}
+SURGERIES: dict[str, type[Surgery]] = {
+    "sum": Sum,
+    "pcgrad": PCGrad,
+}
 
 __all__ = ["SURGERIES", "Surgery", "SurgeryInfo", "build_surgery"]
 

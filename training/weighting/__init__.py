@@ -1,4 +1,4 @@
-"""Task-weighting registry (``equal``, ``static``, ``dwa``): one file per method, one line here."""
+"""Task-weighting registry :data:`WEIGHTINGS`: one file per method, one line here (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,11 @@ from training.weighting.dwa import DWA
 from training.weighting.equal import Equal
 from training.weighting.static import Static
 
-WEIGHTINGS: dict[str, type[Weighting]] = {"equal": Equal, "static": Static, "dwa": DWA}
+WEIGHTINGS: dict[str, type[Weighting]] = {
+    "equal": Equal,
+    "static": Static,
+    "dwa": DWA,
+}
 
 __all__ = ["WEIGHTINGS", "Weighting", "build_weighting"]
 
