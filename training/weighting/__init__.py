@@ -9,11 +9,13 @@ from training.weighting.base import Weighting
 from training.weighting.dwa import DWA
 from training.weighting.equal import Equal
 from training.weighting.static import Static
+from training.weighting.uncertainty import Uncertainty
 
 WEIGHTINGS: dict[str, type[Weighting]] = {
     "equal": Equal,
     "static": Static,
     "dwa": DWA,
+    "uncertainty": Uncertainty,
 }
 
 __all__ = ["WEIGHTINGS", "Weighting", "build_weighting"]
