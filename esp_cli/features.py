@@ -1,7 +1,7 @@
 """Precompute the frozen-trunk features of a config's export corpus into a folder.
 
 The first frozen-trunk run over a corpus spends nearly all its time in the transformer
-(all-MiniLM-L6-v2 over the 24,884-passage TREC DL pool: ~12 min on 2 cores). The repository
+(all-MiniLM-L6-v2 over the 24,884-passage TREC DL pool). The repository
 ships that pass's output in data/trunk-features, made with
 
     esp features --config configs/demo.yaml --out data/trunk-features

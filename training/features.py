@@ -8,7 +8,7 @@ text list never reads a stale entry. Entries are ``<key>.npy`` written atomicall
 
 Read-only folders with entries of the same format are looked up first and never written: the
 repository ships the default trunk's features of the TREC DL pool in ``data/trunk-features``
-(:data:`SHIPPED_DIR`), which turn the demo's cold 12-minute MiniLM pass into a file read.
+(:data:`SHIPPED_DIR`), which turn the demo's cold MiniLM pass over the pool into a file read.
 """
 
 from __future__ import annotations
@@ -91,7 +91,7 @@ def all_cores() -> Iterator[None]:
     """Run torch on every core this process may use, then restore the thread count.
 
     Training may pin torch to one thread (its matrices are small), but the trunk forward over
-    thousands of passages is GEMM-bound and runs ~1.8x faster on 2 cores than on 1.
+    thousands of passages is GEMM-bound and scales with the cores.
     """
     before = torch.get_num_threads()
     torch.set_num_threads(max(before, len(os.sched_getaffinity(0))))
