@@ -37,6 +37,7 @@ from training.data.mimics import load_mimics_pairs
 from training.data.orcas import load_orcas
 from training.data.trec import TrecDL, load_trec
 from training.losses.base import TaskOutput
+from training.registry import build
 
 #: ``texts -> (n, d)`` objective vectors (L2-normalised) of one objective
 Embed = Callable[[list[str]], torch.Tensor]
@@ -363,9 +364,4 @@ BUILDERS: dict[str, Callable[..., ObjectiveData]] = {
 
 
 def build_objective(kind: str, ctx: DataContext, **params: Any) -> ObjectiveData:
-    if kind not in BUILDERS:
-        raise ValueError(f"unknown objective data {kind!r}; allowed: {sorted(BUILDERS)}")
-    try:
-        return BUILDERS[kind](ctx, **params)
-    except TypeError as exc:
-        raise ValueError(f"objective data {kind!r}: bad parameters {sorted(params)} ({exc})") from exc
+    return build("objective data", BUILDERS, kind, ctx, **params)

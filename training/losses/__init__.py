@@ -13,6 +13,7 @@ from training.losses.bce import BCE
 from training.losses.cross_entropy import CrossEntropy
 from training.losses.info_nce import InfoNCE
 from training.losses.mse import MSE
+from training.registry import build
 
 LOSSES: dict[str, type[Loss]] = {
     "info_nce": InfoNCE,
@@ -26,9 +27,4 @@ __all__ = ["LOSSES", "Loss", "TaskOutput", "build_loss"]
 
 def build_loss(name: str, **params: Any) -> Loss:
     """Instantiate loss ``name``; unknown names and bad kwargs raise ``ValueError`` naming them."""
-    if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; allowed: {sorted(LOSSES)}")
-    try:
-        return LOSSES[name](**params)
-    except TypeError as exc:
-        raise ValueError(f"loss {name!r}: bad parameters {sorted(params)} ({exc})") from exc
+    return build("loss", LOSSES, name, **params)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from training.registry import build
 from training.surgery.base import Surgery, SurgeryInfo
 from training.surgery.pcgrad import PCGrad
 from training.surgery.sum import Sum
@@ -17,9 +18,4 @@ __all__ = ["SURGERIES", "Surgery", "SurgeryInfo", "build_surgery"]
 
 
 def build_surgery(name: str, **params: Any) -> Surgery:
-    if name not in SURGERIES:
-        raise ValueError(f"unknown surgery {name!r}; allowed: {sorted(SURGERIES)}")
-    try:
-        return SURGERIES[name](**params)
-    except TypeError as exc:
-        raise ValueError(f"surgery {name!r}: bad parameters {sorted(params)} ({exc})") from exc
+    return build("surgery", SURGERIES, name, **params)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+from training.registry import build
 from training.weighting.base import Weighting
 from training.weighting.dwa import DWA
 from training.weighting.equal import Equal
@@ -22,9 +23,4 @@ __all__ = ["WEIGHTINGS", "Weighting", "build_weighting"]
 
 
 def build_weighting(name: str, tasks: Sequence[str], **params: Any) -> Weighting:
-    if name not in WEIGHTINGS:
-        raise ValueError(f"unknown weighting {name!r}; allowed: {sorted(WEIGHTINGS)}")
-    try:
-        return WEIGHTINGS[name](tasks, **params)
-    except TypeError as exc:
-        raise ValueError(f"weighting {name!r}: bad parameters {sorted(params)} ({exc})") from exc
+    return build("weighting", WEIGHTINGS, name, tasks, **params)
