@@ -9,12 +9,12 @@ the raw engine (in-process ``create_engine``, same backend/threads, no HTTP) at 
 equal to the concurrency, measured while no server runs. The client, the server and the
 engine share this machine's cores, so the ratio is a lower bound for a dedicated server.
 
-Clients: ``raw`` (default) sends prepared bodies over one keep-alive connection per worker
-and costs tens of microseconds per request, so it measures the server; ``httpx`` is
-esp_client/client.py as a caller uses it (its lean HTTP/1.1 transport: ~1 ms of client CPU per
-request at 1 and at 32 connections), whose own CPU competes with the server for the cores;
-``httpx_default`` is the same client on httpx's default transport (httpcore's pool: ~3 ms per
-request at 1 connection, ~10 ms at 32), for comparison.
+Clients: ``raw`` (default), the lean load generator of this bench, sends bodies encoded before
+the clock starts over one keep-alive connection per worker, so nearly all the CPU goes to the
+server: it measures the server. ``httpx`` is the SDK (esp_client) as a caller uses it, on
+httpx's default transport and pool; its own CPU competes with the server for the cores, so it
+measures what a Python caller on the same machine sees. Each level reports the client process's
+CPU per request (``client_cpu_ms_per_request``); README quotes measured figures.
 
 With ``--docs`` a list (``--docs 24884,250000,1000000``) the whole measurement runs once per
 synthetic corpus size, each in ``corpora``: the HTTP cost per request is fixed while the
@@ -56,7 +56,7 @@ from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 
 DEFAULT_DIMS = {"semantic": 256, "entity": 96, "intent": 32}
-CLIENTS = ("raw", "httpx", "httpx_default")  # load clients (see the module docstring)
+CLIENTS = ("raw", "httpx")  # load clients (see the module docstring)
 
 
 def synthetic_bundle(root: Path, docs: int, seed: int = 0, chunk: int = 100_000) -> Path:
@@ -157,9 +157,8 @@ class RawConnection:
     """One keep-alive HTTP/1.1 connection on asyncio streams, for measuring the *server*.
 
     The request bodies are encoded once, before the clock starts, and a response is checked
-    (status 200, one result of ``k`` hits) with one ``json.loads``: tens of microseconds of
-    client CPU per request, where httpx's default connection pool spends milliseconds at 32
-    connections (its pool scans every connection per request) on the cores the server needs.
+    (status 200, one result of ``k`` hits) with one ``json.loads``: far less client CPU per
+    request than a general HTTP client with its connection pool, so the cores go to the server.
     """
 
     def __init__(self, host: str, port: int) -> None:
@@ -226,8 +225,8 @@ async def load_level(
     """``concurrency`` closed-loop workers, each one request in flight; latency per request.
 
     ``client="raw"``: one :class:`RawConnection` per worker, bodies pre-encoded (measures the
-    server); ``"httpx"``: the service's :class:`AsyncESPClient` (what a Python caller sees);
-    ``"httpx_default"``: that client on httpx's default transport instead of its lean one.
+    server); ``"httpx"``: the SDK's :class:`AsyncESPClient` on httpx's default transport (what a
+    Python caller sees). ``client_cpu_ms_per_request``: this process's CPU over the requests.
     """
     latencies: list[float] = []
     failures = 0
@@ -273,11 +272,7 @@ async def load_level(
                         conn = await stack.enter_async_context(RawConnection(host, port))
                 i += concurrency
 
-    transport = None
-    if client == "httpx_default":
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
-        transport = httpx.AsyncHTTPTransport(limits=limits)
-    async with AsyncESPClient(url, timeout=120, max_connections=concurrency, transport=transport) as shared:
+    async with AsyncESPClient(url, timeout=120, max_connections=concurrency) as shared:
         warmed, go = asyncio.Semaphore(0), asyncio.Event()
         tasks = [asyncio.create_task(worker(w, shared, warmed, go)) for w in range(concurrency)]
         for _ in range(concurrency):
@@ -501,8 +496,8 @@ def main(argv: list[str] | None = None) -> int:
         "--clients",
         default="raw",
         help="load clients, comma-separated: raw (prepared bodies on asyncio streams: the server's "
-        "cost), httpx (esp_client/client.py: what a Python caller sees, its own CPU included) and/or "
-        "httpx_default (the same client on httpx's default transport)",
+        "cost) and/or httpx (the SDK, esp_client, on httpx's default transport: what a Python "
+        "caller sees, its own CPU included)",
     )
     args = p.parse_args(argv)
     levels: list[int] = args.concurrency

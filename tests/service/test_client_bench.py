@@ -1,4 +1,5 @@
-"""bench/http_load.py's httpx clients: the service client on its lean and on httpx's default transport."""
+"""bench/http_load.py's clients: the SDK on httpx's default transport reports its own CPU; unknown
+client names (the removed ``httpx_default`` among them) are refused with the choices."""
 
 from __future__ import annotations
 
@@ -7,23 +8,28 @@ import asyncio
 import numpy as np
 import pytest
 
-from bench.http_load import load_level, main
+from bench.http_load import CLIENTS, load_level, main
 from bench.live_server import LiveServer
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 
 
-def test_httpx_default_client_serves_every_request(served: LiveServer, served_layout: SubspaceLayout) -> None:
+def test_httpx_client_serves_every_request_and_reports_its_cpu(
+    served: LiveServer, served_layout: SubspaceLayout
+) -> None:
     rng = np.random.default_rng(0)
     queries = normalize_blocks(rng.standard_normal((4, served_layout.dim)).astype(np.float32), served_layout)
     r = asyncio.run(
-        load_level(served.url, queries, concurrency=3, requests=9, seconds=30, k=5, client="httpx_default")
+        load_level(served.url, queries, concurrency=3, requests=9, seconds=30, k=5, client="httpx")
     )
-    assert (r["failures"], r["requests"], r["client"]) == (0, 9, "httpx_default")
+    assert (r["failures"], r["requests"], r["client"]) == (0, 9, "httpx")
+    assert r["client_cpu_ms_per_request"] > 0  # the SDK's own work is counted, not hidden
 
 
-def test_unknown_client_is_refused_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.mark.parametrize("name", ["curl", "httpx_default"])
+def test_unknown_client_is_refused_with_the_choices(name: str, capsys: pytest.CaptureFixture[str]) -> None:
+    assert {"raw", "httpx"} <= set(CLIENTS)
     with pytest.raises(SystemExit):
-        main(["--clients", "raw,curl"])
+        main(["--clients", f"raw,{name}"])
     err = capsys.readouterr().err
-    assert "unknown ['curl']" in err and "raw, httpx, httpx_default" in err
+    assert f"unknown [{name!r}]" in err and "choose from raw, httpx" in err
