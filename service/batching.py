@@ -5,7 +5,7 @@ Requests put a :class:`Job` (their queries, their ``(K,)`` weights, ``k`` and th
 await a future. One consumer task takes jobs for up to ``max_wait_ms`` or until
 ``max_batch`` queries, then runs :func:`run_batch` on a dedicated worker thread, so the event
 loop never blocks on the encoder or the engine. Inside the batch, per-row weights go to the
-engine as ``(nq, K)`` (DESIGN section 1: each row's weights scale only that row), ``k`` is
+engine as ``(nq, K)`` (docs/architecture.md section 1: each row's weights scale only that row), ``k`` is
 the batch's largest and each job keeps its own first ``k`` (top-k is prefix-stable with
 the engine's deterministic tie order). Jobs of different states (a hot reload happened while
 they waited) are scored separately, each on its own state: nothing is dropped, nothing mixes.
@@ -18,7 +18,7 @@ traffic would only pay the window as latency, so their job goes at once. Jobs th
 while the worker is busy are always taken together.
 
 The queue is bounded in *queries*: when a request would overflow it, the caller gets 429 with
-``Retry-After`` instead of a growing queue (DESIGN section 5).
+``Retry-After`` instead of a growing queue (docs/architecture.md section 3).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Export a trained model as a bundle (DESIGN section 3): query encoder + corpus embeddings + manifest.
+"""Export a trained model as a bundle (docs/architecture.md s. 4): query encoder + embeddings + manifest.
 
 The encoder folder is written by :meth:`training.model.ESPModel.save_encoder` in the format
 ``encoder/query_encoder.py`` documents; the corpus is embedded with the same model (or the caller

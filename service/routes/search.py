@@ -107,7 +107,7 @@ def query_vector(
     vector: list[float] | dict[str, list[float]], layout: SubspaceLayout, field: str
 ) -> np.ndarray:
     """A request vector (full or per subspace) -> ``(D,)`` float64 as sent, checked against the
-    layout and not all zero; the micro-batch normalises each block (``normalize_rows``)."""
+    layout and not all zero; the micro-batch normalises each block (``subspace.scoring.normalize_blocks``)."""
     if isinstance(vector, dict):
         out = np.zeros(layout.dim, dtype=np.float64)
         for name, block in vector.items():

@@ -8,7 +8,7 @@ window w are::
     lambda_k(w) = K * softmax_k(r_k(w) / T)          (sums to K)
 
 and ``lambda_k = 1`` during the first two windows (no ratio exists yet). A task whose loss
-falls more slowly gets more weight. Note (DESIGN section 4): DWA looks at loss *ratios*,
+falls more slowly gets more weight. Note: DWA looks at loss *ratios*,
 so it does not correct a mismatch of loss scales.
 """
 
