@@ -77,6 +77,10 @@ class Trainer:
         self.data_hashes = parts.data_hashes
         self.timings: dict[str, float] = dict(parts.timings)
         self._groups: _ParamGroups | None = None
+        #: ``sync(trainer, losses, shared_grads) -> (losses, shared_grads)`` between the per-task
+        #: gradients and the surgery; it also averages the heads' ``.grad`` (training.distributed)
+        self.sync: Callable[[Trainer, list[float], list[torch.Tensor]],
+                            tuple[list[float], list[torch.Tensor]]] | None = None
 
     # --- features -----------------------------------------------------------------------
     def pooled(self, texts: list[str]) -> torch.Tensor:
@@ -135,30 +139,37 @@ class Trainer:
             )
         return self._groups
 
-    def step(self, step: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    def task_gradients(self, lambdas: np.ndarray) -> tuple[list[float], list[torch.Tensor]]:
+        """Unweighted losses and flat shared gradients ``grad(lambda_k L_k)`` of one batch per task.
+
+        Each task's own (head) parameters get their gradient added to ``.grad``.
+        """
         model = self.model
-        lambdas = self.weighting.weights()
-        shared, owns, clipped = self._parameter_groups()
-        losses, shared_grads, task_norms = [], [], []
-        optimizer.zero_grad(set_to_none=True)
+        shared, owns, _ = self._parameter_groups()
+        losses, shared_grads = [], []
         for k, task in enumerate(self.tasks):
             loss = task.loss(task.output(model, self.pooled))
             losses.append(float(loss.detach()))
             own = owns[k]
             grads = torch.autograd.grad(float(lambdas[k]) * loss, shared + own, allow_unused=True)
-            g_shared = [
-                torch.zeros_like(p) if g is None else g
-                for p, g in zip(shared, grads[: len(shared)], strict=True)
-            ]
             if shared:
-                flat = torch.cat([g.reshape(-1) for g in g_shared])
-                shared_grads.append(flat)
-                task_norms.append(float(flat.norm()))
-            else:
-                task_norms.append(0.0)
+                shared_grads.append(torch.cat([
+                    (torch.zeros_like(p) if g is None else g).reshape(-1)
+                    for p, g in zip(shared, grads[: len(shared)], strict=True)
+                ]))
             for p, g in zip(own, grads[len(shared) :], strict=True):
                 if g is not None:
                     p.grad = g if p.grad is None else p.grad + g
+        return losses, shared_grads
+
+    def step(self, step: int, optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+        lambdas = self.weighting.weights()
+        shared, _, clipped = self._parameter_groups()
+        optimizer.zero_grad(set_to_none=True)
+        losses, shared_grads = self.task_gradients(lambdas)
+        if self.sync is not None:  # data parallel: every rank's mean (training.distributed)
+            losses, shared_grads = self.sync(self, losses, shared_grads)
+        task_norms = [float(g.norm()) for g in shared_grads] if shared else [0.0] * len(self.tasks)
         pairs = []
         if shared:
             combined, info = self.surgery.combine(torch.stack(shared_grads))
