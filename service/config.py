@@ -6,6 +6,7 @@ Loaded once via :func:`get_settings` and injected with ``Depends`` so tests over
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Literal
 from pathlib import Path
 
 from pydantic import Field, SecretStr
@@ -44,6 +45,53 @@ class Settings(BaseSettings):
         "/metrics is the service's telemetry, and FastAPI checks the providers on every request",
     )
     max_cluster_jobs: int = Field(1, ge=1, description="clustering requests run at once; more get 429")
+    # --- cost per request and admission (README "Limits") ---
+    max_hits: int = Field(
+        10_000, ge=1, description="queries x k per search request (the hits it asks for); more is 422"
+    )
+    max_response_bytes: int = Field(
+        16 * 1024 * 1024, ge=4096, description="largest search response body; a larger one is 422"
+    )
+    latency_budget_ms: float = Field(
+        250.0,
+        gt=0,
+        description="a search is refused (429, Retry-After) when the queue ahead of it would take longer "
+        "than this at the measured engine throughput",
+    )
+    max_cluster_tokens: int = Field(
+        20_000, ge=1, description="whitespace-separated words over all keywords of one /v1/cluster request"
+    )
+    cluster_timeout_seconds: float = Field(
+        30.0, gt=0, description="a clustering request running longer is answered 503 with Retry-After"
+    )
+    # --- what may be served ---
+    bundle_permissions: Literal["refuse", "warn"] = Field(
+        "refuse", description="a bundle its group or others may write: refuse it, or serve it with a warning"
+    )
+    allow_no_encoder: bool = Field(
+        False,
+        description="accept a reload to a bundle without a query encoder while the served one has one "
+        "(vector queries only)",
+    )
+    # --- HTTP (esp serve; README "HTTP limits") ---
+    max_header_bytes: int = Field(16 * 1024, ge=1024, description="request line + headers, bytes; more is 431")
+    max_headers: int = Field(100, ge=1, description="header fields per request; more is 431")
+    header_timeout_seconds: float = Field(
+        10.0, gt=0, description="a request line and headers not complete after this are answered 408"
+    )
+    body_timeout_seconds: float = Field(
+        10.0, gt=0, description="a request body that sends nothing for this long is answered 408"
+    )
+    keep_alive_seconds: float = Field(5.0, gt=0, description="idle keep-alive connections close after this")
+    max_connections: int = Field(
+        1000, ge=1, description="open connections + running requests before new requests get 503"
+    )
+    linger_seconds: float = Field(
+        2.0,
+        ge=0,
+        description="after an early error (413, 408, 431) the server reads and drops what the client still "
+        "sends for up to this long before closing, so the client reads the answer instead of a reset",
+    )
 
 
 @lru_cache

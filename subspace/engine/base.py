@@ -218,6 +218,13 @@ class Backend(ABC):
         sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
         return SearchResult(out_scores, out_rows, sub)
 
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
+        """Release what the backend holds beyond memory (threads, device buffers, indexes).
+
+        The service calls it once no request uses the engine any more (a hot reload retired
+        it); a backend must not be searched after. Idempotent.
+        """
+
     def warmup(self) -> None:
         """One tiny search, so first-request costs (thread pools, page-ins) are paid up front."""
         q = np.asarray(self.master[:1], dtype=np.float32)
