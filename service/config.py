@@ -6,8 +6,8 @@ Loaded once via :func:`get_settings` and injected with ``Depends`` so tests over
 from __future__ import annotations
 
 from functools import lru_cache
-from typing import Literal
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -74,7 +74,7 @@ class Settings(BaseSettings):
         "(vector queries only)",
     )
     # --- HTTP (esp serve; README "HTTP limits") ---
-    max_header_bytes: int = Field(16 * 1024, ge=1024, description="request line + headers, bytes; more is 431")
+    max_header_bytes: int = Field(16384, ge=1024, description="request line + headers in bytes; more is 431")
     max_headers: int = Field(100, ge=1, description="header fields per request; more is 431")
     header_timeout_seconds: float = Field(
         10.0, gt=0, description="a request line and headers not complete after this are answered 408"
