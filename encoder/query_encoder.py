@@ -7,17 +7,22 @@ this folder, the service reads it. On-disk format (``format: esp-query-encoder``
       esp_encoder.json     format, format_version, architecture ("esp" | "single_head"),
                            pooling ("mean"), max_length, hidden_size,
                            adapter: null | {kind: "residual_bottleneck", in, hidden, activation: "gelu"},
-                           heads: [{name, in, out}] in layout order,
+                           heads: [{name, kind ("linear" | "lexical"), in, out}] in layout order,
+                           lexical: null | subspace.lexical.HashedNgrams spec (v2),
                            layout: the SubspaceLayout dict (must equal the bundle's),
                            intent: null | {objective, block, classes: [...], scale},
-                           normalize: "per_block"
+                           normalize: "per_block" | "per_head_then_concat" (single_head, v2)
       heads.safetensors    adapter.down.{weight,bias}, adapter.up.{weight,bias},
-                           heads.<name>.{weight,bias}, intent.prototypes (C, d_block)
+                           heads.<name>.{weight,bias} (linear) | heads.<name>.weight (F,) (lexical:
+                           per-bucket weights), intent.prototypes (C, d_block)
       transformer/         the trunk: config.json + model.safetensors + tokenizer files
 
 Maths (mirrors ``training/model.py``): tokens -> transformer -> mean pooling over the
 attention mask ``(n, H)`` -> ``x + up(gelu(down(x)))`` when there is an adapter -> one linear
-head per block -> each block L2-normalised -> concatenated ``(n, D)``. Intent probabilities
+head per block (a lexical head instead scales the text's hashed n-gram counts, computed by
+:mod:`subspace.lexical` exactly as at training, by its per-bucket weights) -> each block
+L2-normalised -> concatenated ``(n, D)`` (single_head: the heads' normalised outputs concatenated
+and normalised again, one block). Intent probabilities
 are ``softmax(scale * cos(z_block, prototype_c))`` over the intent classes. Encoding runs in
 eval mode under ``torch.inference_mode()``, so it is deterministic.
 """
@@ -32,10 +37,11 @@ import numpy as np
 import torch
 import torch.nn.functional as F  # noqa: N812 (the PyTorch convention)
 
-from subspace.encoder_format import CONFIG_FILE, FORMAT, FORMAT_VERSION, HEADS_FILE, TRANSFORMER_DIR
+from subspace.encoder_format import CONFIG_FILE, FORMAT, HEADS_FILE, READABLE_VERSIONS, TRANSFORMER_DIR
 from subspace.errors import FieldError
 from subspace.jsonfile import read_json_object
 from subspace.layout import LayoutError, SubspaceLayout
+from subspace.lexical import HashedNgrams
 
 
 class EncoderError(FieldError):
@@ -63,20 +69,38 @@ class QueryEncoder:
             raise EncoderError(f"{CONFIG_FILE}: layout is invalid: {exc}") from exc
         self.max_length = int(config["max_length"])
         self._heads = [
-            (h["name"], tensors[f"heads.{h['name']}.weight"], tensors[f"heads.{h['name']}.bias"])
+            (h["name"], h.get("kind", "linear"), tensors[f"heads.{h['name']}.weight"],
+             tensors.get(f"heads.{h['name']}.bias"))
             for h in config["heads"]
         ]
-        if [n for n, _, _ in self._heads] != list(self.layout.names):
-            raise EncoderError(
-                f"{CONFIG_FILE}: heads {[n for n, _, _ in self._heads]} do not match "
-                f"layout {list(self.layout.names)}"
-            )
-        for name, w, _ in self._heads:
-            if w.shape[0] != self.layout[name].dim:
+        self._lexical: HashedNgrams | None = None
+        if config.get("lexical"):
+            try:
+                self._lexical = HashedNgrams.from_dict(config["lexical"])
+            except (KeyError, TypeError, ValueError) as exc:
+                raise EncoderError(f"{CONFIG_FILE}: lexical is invalid: {exc}", field="lexical") from exc
+        kinds = {k for _, k, _, _ in self._heads}
+        if not kinds <= {"linear", "lexical"} or ("lexical" in kinds and self._lexical is None):
+            raise EncoderError(f"{CONFIG_FILE}: head kinds {sorted(kinds)} need 'linear' or 'lexical' "
+                               "(and a lexical section for 'lexical')")
+        self._concat = config.get("normalize", "per_block") == "per_head_then_concat"
+        names = [n for n, _, _, _ in self._heads]
+        if self._concat:
+            total = sum(w.shape[0] for _, _, w, _ in self._heads)
+            if len(self.layout) != 1 or self.layout.dim != total:
+                raise EncoderError(f"{CONFIG_FILE}: heads of {total} dims do not make the one block "
+                                   f"of layout {list(self.layout.names)} ({self.layout.dim} dims)")
+        else:
+            if names != list(self.layout.names):
                 raise EncoderError(
-                    f"{HEADS_FILE}: heads.{name}.weight has {w.shape[0]} rows, "
-                    f"layout block {name!r} has dim {self.layout[name].dim}"
+                    f"{CONFIG_FILE}: heads {names} do not match layout {list(self.layout.names)}"
                 )
+            for name, _, w, _ in self._heads:
+                if w.shape[0] != self.layout[name].dim:
+                    raise EncoderError(
+                        f"{HEADS_FILE}: heads.{name}.weight has {w.shape[0]} rows, "
+                        f"layout block {name!r} has dim {self.layout[name].dim}"
+                    )
         self._adapter = None
         if config.get("adapter"):
             self._adapter = tuple(
@@ -102,10 +126,10 @@ class QueryEncoder:
         if threads is not None:
             torch.set_num_threads(int(threads))
         config = read_json_object(root / CONFIG_FILE, EncoderError, folder="an encoder folder")
-        if config.get("format") != FORMAT or config.get("format_version") != FORMAT_VERSION:
+        if config.get("format") != FORMAT or config.get("format_version") not in READABLE_VERSIONS:
             raise EncoderError(
                 f"{CONFIG_FILE}: format {config.get('format')!r} v{config.get('format_version')!r} "
-                f"is not supported (this build reads {FORMAT!r} v{FORMAT_VERSION})"
+                f"is not supported (this build reads {FORMAT!r} v{list(READABLE_VERSIONS)})"
             )
         for key in ("pooling", "max_length", "heads", "layout"):
             if key not in config:
@@ -155,7 +179,17 @@ class QueryEncoder:
 
     def _blocks(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
         x = self._pooled(texts)
-        return {name: F.normalize(F.linear(x, w, b), dim=-1) for name, w, b in self._heads}
+        lex = None
+        if self._lexical is not None:
+            lex = torch.from_numpy(self._lexical.counts(texts)).to(x.device, x.dtype)
+        out = {}
+        for name, kind, w, b in self._heads:
+            y = lex * w if kind == "lexical" and lex is not None else F.linear(x, w, b)
+            out[name] = F.normalize(y, dim=-1)
+        if self._concat:
+            (block,) = self.layout.names
+            return {block: F.normalize(torch.cat([out[n] for n, _, _, _ in self._heads], -1), dim=-1)}
+        return out
 
     @torch.inference_mode()
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
@@ -168,6 +202,12 @@ class QueryEncoder:
             blocks = self._blocks([texts[i] for i in idx])
             out[idx] = torch.cat([blocks[n] for n in self.layout.names], -1).float().cpu().numpy()
         return out
+
+    def count_tokens(self, texts: Sequence[str]) -> list[int]:
+        """Tokens per text as :meth:`encode` sees them (special tokens included, truncated at
+        ``max_length``): what an OpenAI-style ``usage`` reports."""
+        enc = self.tokenizer(list(texts), truncation=True, max_length=self.max_length)
+        return [len(ids) for ids in enc["input_ids"]]
 
     @torch.inference_mode()
     def intent_probs(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:

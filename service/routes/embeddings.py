@@ -1,0 +1,203 @@
+"""``POST /v1/embeddings``: the bundle's query encoder in the OpenAI embeddings shape.
+
+Request ``{"input": "text" | ["text", ...], "model": any string, "encoding_format": "float" |
+"base64", "dimensions": D}`` answers ``{"object": "list", "data": [{"object": "embedding",
+"embedding": [...], "index": i}], "model": <bundle version>, "usage": {"prompt_tokens",
+"total_tokens"}}``, so an OpenAI-compatible client (the ``openai`` package, LangChain,
+LlamaIndex) can use the encoder. ``model`` is accepted as any string and ignored: the response
+names the bundle version that encoded the texts.
+
+The embedding is the encoder's output, each subspace block L2-normalised and concatenated in
+layout order (docs/architecture.md section 1, the score). Two optional extensions choose what
+comes back:
+
+- ``subspaces``: only these blocks, concatenated in layout order (a partial vector);
+- ``weights`` (by name or in layout order) or ``operating_point``: each block multiplied by its
+  weight (block-scaled), so the inner product of such a query embedding with an unweighted
+  document embedding is the weighted ESP score ``sum_k w_k cos(q_k, d_k)`` in any
+  inner-product vector store. Without either, blocks are not scaled (every weight 1), which is
+  what to store for documents.
+
+``base64`` is the little-endian float32 bytes of each vector (what the ``openai`` client asks
+for by default). The response also says which blocks it holds (``subspaces`` with their
+offsets in the returned vector) and the weights applied (``weights_used``).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from typing import Annotated, Any, Literal
+
+import numpy as np
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from service.routes.deps import SettingsDep, StateDep
+from service.routes.search import PydanticJSONResponse
+from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
+from service.state import ServingState
+from subspace.errors import FieldError
+from subspace.layout import SubspaceLayout
+
+router = APIRouter(tags=["embeddings"])
+
+InputText = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
+
+
+class EmbeddingsRequest(BaseModel):
+    """The OpenAI embeddings request (text inputs), plus the optional choice of blocks and weights."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input: InputText | list[InputText] = Field(
+        ..., description="a text or a list of 1 .. max_queries texts (setting ESP_MAX_QUERIES)"
+    )
+    model: Annotated[str, Field(max_length=200)] | None = Field(
+        None, description="accepted for compatibility and ignored; the response names the bundle version"
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="'float': a list of numbers; 'base64': little-endian float32 bytes"
+    )
+    dimensions: Annotated[int, Field(strict=True, ge=1)] | None = Field(
+        None, description="if given, must equal the returned dimension (vectors are not truncated)"
+    )
+    user: Annotated[str, Field(max_length=200)] | None = Field(None, description="accepted and ignored")
+    subspaces: Annotated[list[Name], Field(min_length=1)] | None = Field(
+        None, description="only these subspace blocks, concatenated in layout order (default: all)"
+    )
+    weights: Weights | None = Field(
+        None,
+        description="scale each block by its weight (names missing from an object take the default); "
+        "default: every block unscaled",
+    )
+    operating_point: Name | None = Field(
+        None, description="scale each block by a registry operating point's weights"
+    )
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str = Field(description="the vector, or its base64 float32 bytes")
+    index: int = Field(description="position of the input text")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class BlockOut(BaseModel):
+    name: str
+    offset: int = Field(description="where the block starts in the returned vector")
+    dim: int
+    weight: float = Field(description="the factor the (unit-norm) block was multiplied by")
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str = Field(description="the bundle version whose encoder produced the vectors")
+    usage: Usage
+    subspaces: list[BlockOut] = Field(description="the blocks of the returned vectors, in order")
+    weights_used: dict[str, float] | None = Field(
+        None, description="the weights applied (null: unscaled blocks)"
+    )
+    operating_point: str | None = None
+
+
+def selected_blocks(layout: SubspaceLayout, names: list[str] | None) -> list[str]:
+    """The layout names asked for, in layout order (all when ``names`` is None)."""
+    if names is None:
+        return list(layout.names)
+    for i, name in enumerate(names):
+        if name not in layout:
+            raise FieldError(
+                f"subspaces[{i}]: unknown subspace {name!r}; valid names: {list(layout.names)}",
+                f"subspaces[{i}]",
+            )
+        if name in names[:i]:
+            raise FieldError(f"subspaces[{i}]: {name!r} is listed twice", f"subspaces[{i}]")
+    return [n for n in layout.names if n in names]
+
+
+def shape_vectors(
+    vectors: np.ndarray, layout: SubspaceLayout, blocks: list[str], block_weights: np.ndarray | None
+) -> np.ndarray:
+    """``(n, D)`` block-normalised vectors -> the chosen blocks, each times its weight."""
+    parts = []
+    for name in blocks:
+        part = vectors[:, layout.slice(name)]
+        if block_weights is not None:
+            part = part * np.float32(block_weights[layout.index(name)])
+        parts.append(part)
+    return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.float32)
+
+
+def _encode(state: ServingState, texts: list[str]) -> tuple[np.ndarray, int]:
+    vectors = state.encode(texts)
+    counter = getattr(state.encoder, "count_tokens", None)
+    tokens = sum(counter(texts)) if counter is not None else 0
+    return vectors, tokens
+
+
+@router.post(
+    "/v1/embeddings",
+    response_model=EmbeddingsResponse,
+    responses=error_responses(413, 422, 503),
+    summary="Encode texts with the bundle's query encoder (OpenAI embeddings shape)",
+)
+async def embeddings(
+    body: EmbeddingsRequest, request: Request, state: StateDep, settings: SettingsDep
+) -> PydanticJSONResponse:
+    texts = [body.input] if isinstance(body.input, str) else body.input
+    if not texts:
+        raise FieldError("input must hold at least one text", "input")
+    if len(texts) > settings.max_queries:
+        raise FieldError(f"input has {len(texts)} texts; at most {settings.max_queries} per request", "input")
+    if state.encoder is None:
+        raise FieldError(f"bundle {state.version} has no query encoder: it cannot embed texts", "input")
+    layout = state.layout
+    blocks = selected_blocks(layout, body.subspaces)
+    out_dim = sum(layout[n].dim for n in blocks)
+    if body.dimensions is not None and body.dimensions != out_dim:
+        raise FieldError(
+            f"dimensions must equal the returned dimension {out_dim} (vectors are not truncated), "
+            f"got {body.dimensions}",
+            "dimensions",
+        )
+    block_weights: np.ndarray | None = None
+    weights_used: dict[str, float] | None = None
+    point: str | None = None
+    if body.weights is not None or body.operating_point is not None:
+        resolved = request.app.state.registry.current.resolve(
+            layout, weights=body.weights, operating_point=body.operating_point
+        )
+        block_weights, weights_used = resolved.block_weights, resolved.weights_used
+        point = resolved.operating_point
+    vectors, tokens = await asyncio.to_thread(_encode, state, texts)
+    shaped = shape_vectors(vectors, layout, blocks, block_weights)
+    data: list[dict[str, Any]] = []
+    for i, row in enumerate(shaped):
+        value: list[float] | str
+        if body.encoding_format == "base64":
+            value = base64.b64encode(row.astype("<f4").tobytes()).decode("ascii")
+        else:
+            value = row.tolist()
+        data.append({"object": "embedding", "embedding": value, "index": i})
+    offsets, at = [], 0
+    for name in blocks:
+        w = 1.0 if block_weights is None else float(block_weights[layout.index(name)])
+        offsets.append({"name": name, "offset": at, "dim": layout[name].dim, "weight": w})
+        at += layout[name].dim
+    return PydanticJSONResponse(
+        {
+            "object": "list",
+            "data": data,
+            "model": state.version,
+            "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+            "subspaces": offsets,
+            "weights_used": weights_used,
+            "operating_point": point,
+        }
+    )
