@@ -39,7 +39,7 @@ from service.lifecycle import load_and_activate
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware
 from service.registry import RegistryWatcher
-from service.routes import admin, cluster, embeddings, meta, registry, search
+from service.routes import admin, cluster, embeddings, meta, registry, search, ui
 from service.schemas import UNION_TAGS, error_responses
 from service.state import StateHolder
 
@@ -182,4 +182,5 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(admin.router)
     app.include_router(cluster.router)
     app.include_router(embeddings.router)
+    app.include_router(ui.router)
     return app
