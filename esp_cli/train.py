@@ -15,6 +15,11 @@ The repository ships the default trunk's features of the TREC DL pool (data/trun
 Exit status: 0 when every objective's held-out metric improved over the untrained start,
 3 when one did not (the bundle is still written), 2 for an invalid config.
 
+Under torchrun (`torchrun --nproc_per_node N -m esp_cli train ...`) the run is data parallel:
+gloo on CPU, nccl on CUDA; each task's gradient is averaged over the ranks before PCGrad, so
+every rank applies the same update; only rank 0 writes --out (training.distributed). A non-zero
+exit of rank 0 (3: not improved) makes torchrun exit 1, naming the rank and its exit code.
+
 Example:  esp train --config configs/demo.yaml --out artifacts/demo
 """
 
@@ -49,7 +54,15 @@ def run(args: argparse.Namespace) -> int:
     except (ValidationError, ValueError, FileNotFoundError) as exc:
         print(f"esp train: invalid config {args.config}: {exc}", file=sys.stderr)
         return 2
-    result = train(cfg, args.out, progress=not args.no_progress)
+    from training.distributed import close, launched_by_torchrun, train_distributed
+
+    if launched_by_torchrun():  # data parallel; only rank 0 writes and reports
+        rank, result = train_distributed(cfg, args.out, progress=not args.no_progress)
+        close()
+        if not rank.is_main:
+            return 0
+    else:
+        result = train(cfg, args.out, progress=not args.no_progress)
     if result.bundle_path is not None:  # named operating points measured on the held-out year
         from training.evaluate.operating_points import attach_operating_points
 
