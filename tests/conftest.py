@@ -16,8 +16,9 @@ from pathlib import Path
 
 import pytest
 
-# the live-server fixtures (server_factory, served, ...) for every test folder
-pytest_plugins = ["tests.live_fixtures"]
+# the live-server fixtures (server_factory, served, ...) and the headless browser
+# (chromium_browser, loopback_page) for every test folder
+pytest_plugins = ["tests.live_fixtures", "tests.browser"]
 
 TINY_DIMS = {"semantic": 16, "entity": 8, "intent": 8}
 TINY_INTENT_CLASSES = ["informational", "navigational", "transactional"]

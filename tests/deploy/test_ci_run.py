@@ -1,4 +1,5 @@
-""".ci/run passes make's verdict on (a failing or empty test run fails CI) and insists on promtool."""
+""".ci/run passes make's verdict on (a failing or empty test run fails CI) and insists on promtool
+and chromium (the browser tests)."""
 
 from __future__ import annotations
 
@@ -14,12 +15,14 @@ from deploy.files import REPO_ROOT
 CI_RUN = REPO_ROOT / ".ci" / "run"
 
 
-def fake_tools(bin_dir: Path, *, make_rc: int, prometheus: bool) -> None:
+def fake_tools(bin_dir: Path, *, make_rc: int, prometheus: bool, chromium: bool = True) -> None:
     """Stand-ins on PATH: `make` exits with ``make_rc``; apt-get fails (nothing is installed)."""
     bin_dir.mkdir()
     scripts = {"make": f"exit {make_rc}", "apt-get": "exit 100", "sudo": 'exec "$@"'}
     if prometheus:
         scripts |= {"promtool": "exit 0", "prometheus": "exit 0"}
+    if chromium:
+        scripts |= {"chromium": "exit 0"}
     for name, body in scripts.items():
         path = bin_dir / name
         path.write_text(f"#!/bin/sh\n{body}\n")
@@ -47,4 +50,9 @@ def test_ci_run_returns_the_test_verdict(tmp_path: Path, make_rc: int, expected:
 
 def test_ci_run_fails_when_prometheus_cannot_be_installed(tmp_path: Path) -> None:
     fake_tools(tmp_path / "bin", make_rc=0, prometheus=False)
+    assert run_ci(tmp_path / "bin") != 0
+
+
+def test_ci_run_fails_when_chromium_cannot_be_installed(tmp_path: Path) -> None:
+    fake_tools(tmp_path / "bin", make_rc=0, prometheus=True, chromium=False)
     assert run_ci(tmp_path / "bin") != 0
