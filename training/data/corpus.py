@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import gzip
 import json
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -62,46 +62,59 @@ def read_corpus(path: str | Path, *, check_unique: bool = True) -> Iterator[Doc]
     """Yield documents in file order, checking ids and encoding line by line."""
     p = Path(path)
     fmt = corpus_format(p)
-    seen: dict[str, int] = {}
     with _open(p) as fh:
-        for n, raw in enumerate(fh, start=1):
-            try:
-                line = raw.decode("utf-8").rstrip("\r\n")
-            except UnicodeDecodeError as exc:
-                raise CorpusError(f"{p}:{n}: invalid UTF-8 at byte {exc.start}") from exc
-            if n == 1:
-                line = line.removeprefix("\ufeff")
-            if not line.strip():
+        yield from parse_lines(fh, p, fmt, check_unique=check_unique)
+
+
+def parse_lines(
+    lines: Iterable[bytes], p: str | Path, fmt: str, *, check_unique: bool = True
+) -> Iterator[Doc]:
+    """:func:`read_corpus` on raw lines of the file ``p`` (named in errors) in format ``fmt``."""
+    seen: dict[str, int] = {}
+    for n, raw in enumerate(lines, start=1):
+        try:
+            line = raw.decode("utf-8").rstrip("\r\n")
+        except UnicodeDecodeError as exc:
+            raise CorpusError(f"{p}:{n}: invalid UTF-8 at byte {exc.start}") from exc
+        if n == 1:
+            line = line.removeprefix("\ufeff")
+        if not line.strip():
+            continue
+        if fmt == "tsv":
+            parts = line.split("\t")
+            if n == 1 and [x.strip().lower() for x in parts] == ["id", "text"]:
                 continue
-            if fmt == "tsv":
-                parts = line.split("\t")
-                if n == 1 and [x.strip().lower() for x in parts] == ["id", "text"]:
-                    continue
-                if len(parts) != 2:
-                    raise CorpusError(
-                        f"{p}:{n}: expected 2 tab-separated columns (id, text), got {len(parts)}"
-                    )
-                doc = Doc(parts[0].strip(), parts[1], n)
-            else:
-                try:
-                    obj = json.loads(line)
-                except json.JSONDecodeError as exc:
-                    raise CorpusError(f"{p}:{n}: invalid JSON ({exc.msg})") from exc
-                if not isinstance(obj, dict):
-                    raise CorpusError(f"{p}:{n}: expected a JSON object with 'id' and 'text'")
-                for key in ("id", "text"):
-                    if key not in obj:
-                        raise CorpusError(f"{p}:{n}: missing field {key!r}")
-                if isinstance(obj["id"], bool) or not isinstance(obj["id"], str | int):
-                    raise CorpusError(f"{p}:{n}: field 'id' must be a string or integer")
-                if not isinstance(obj["text"], str):
-                    raise CorpusError(f"{p}:{n}: field 'text' must be a string")
-                display = {k: v for k, v in obj.items() if k != "id"}
-                doc = Doc(str(obj["id"]).strip(), obj["text"], n, display)
+            if len(parts) != 2:
+                raise CorpusError(f"{p}:{n}: expected 2 tab-separated columns (id, text), got {len(parts)}")
+            doc = Doc(parts[0].strip(), parts[1], n)
             if not doc.id:
                 raise CorpusError(f"{p}:{n}: empty id")
-            if check_unique:
-                if doc.id in seen:
-                    raise CorpusError(f"{p}:{n}: duplicate id {doc.id!r} (first on line {seen[doc.id]})")
-                seen[doc.id] = n
-            yield doc
+        else:
+            try:
+                obj = json.loads(line)
+            except json.JSONDecodeError as exc:
+                raise CorpusError(f"{p}:{n}: invalid JSON ({exc.msg})") from exc
+            doc = record_doc(obj, p, n)
+        if check_unique:
+            if doc.id in seen:
+                raise CorpusError(f"{p}:{n}: duplicate id {doc.id!r} (first on line {seen[doc.id]})")
+            seen[doc.id] = n
+        yield doc
+
+
+def record_doc(obj: Any, p: str | Path, n: int) -> Doc:
+    """One JSONL object (or table row) ``{"id", "text", display...}`` at line/row ``n`` of ``p``."""
+    if not isinstance(obj, dict):
+        raise CorpusError(f"{p}:{n}: expected a JSON object with 'id' and 'text'")
+    for key in ("id", "text"):
+        if key not in obj:
+            raise CorpusError(f"{p}:{n}: missing field {key!r}")
+    if isinstance(obj["id"], bool) or not isinstance(obj["id"], str | int):
+        raise CorpusError(f"{p}:{n}: field 'id' must be a string or integer")
+    if not isinstance(obj["text"], str):
+        raise CorpusError(f"{p}:{n}: field 'text' must be a string")
+    display = {k: v for k, v in obj.items() if k != "id"}
+    doc = Doc(str(obj["id"]).strip(), obj["text"], n, display)
+    if not doc.id:
+        raise CorpusError(f"{p}:{n}: empty id")
+    return doc
