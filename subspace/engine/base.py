@@ -19,12 +19,15 @@ changes only speed (and, on adversarial data, how often step 2 rescans).
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 from abc import ABC, abstractmethod
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from subspace.engine._select import TopCandidates
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 from subspace.scoring import subspace_scores
@@ -179,13 +182,20 @@ class Backend(ABC):
         return k + max(64, k)
 
     # --- the search -----------------------------------------------------------------------
-    def search(self, queries: np.ndarray, block_weights: np.ndarray, k: int) -> SearchResult:
+    def search(
+        self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
+    ) -> SearchResult:
         """Exact weighted top ``k`` of a batch.
 
         ``queries``: ``(nq, D)`` block-normalised, unscaled; ``block_weights``: ``(K,)`` or
         ``(nq, K)``, finite and ``>= 0``. Returns ``min(k, N)`` hits per query.
+        ``allowed``: ``None`` (every row) or an ``(N,)`` boolean mask of the rows that may be
+        returned (a metadata filter, :mod:`subspace.filters`): then the exact top ``k`` among
+        those rows, ``min(k, allowed.sum())`` hits per query (:meth:`_search_allowed`).
         """
         q, w, k = self._validate(queries, block_weights, k)
+        if allowed is not None:
+            return self._search_allowed(q, w, k, self._check_allowed(allowed))
         nq, n = q.shape[0], self.num_docs
         kk = min(k, n)
         wd = self.layout.expand(w)  # (nq, D) float64
@@ -224,6 +234,107 @@ class Backend(ABC):
         The service calls it once no request uses the engine any more (a hot reload retired
         it); a backend must not be searched after. Idempotent.
         """
+
+    # --- filtered search (an allowed-rows mask) ---------------------------------------------
+    def _check_allowed(self, allowed: Any) -> np.ndarray:
+        mask = np.asarray(allowed)
+        if mask.dtype != np.bool_ or mask.shape != (self.num_docs,):
+            raise EngineInputError(
+                f"allowed must be a boolean mask of shape ({self.num_docs},), got {mask.dtype} {mask.shape}",
+                "allowed",
+            )
+        return mask
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass whose own ``search`` predates ``allowed`` still answers filtered searches:
+        exactly, through :meth:`_search_allowed` over the allowed rows only (never its scan)."""
+        super().__init_subclass__(**kwargs)
+        own = cls.__dict__.get("search")
+        if own is None or "allowed" in inspect.signature(own).parameters:
+            return
+
+        @functools.wraps(own)
+        def search(
+            self: Backend, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
+        ) -> SearchResult:
+            if allowed is None:
+                result: SearchResult = own(self, queries, block_weights, k)
+                return result
+            q, w, kk = self._validate(queries, block_weights, k)
+            return self._search_allowed(q, w, kk, self._check_allowed(allowed), own_scan=False)
+
+        cls.search = search  # type: ignore[method-assign]
+
+    def _search_allowed(
+        self, q: np.ndarray, w: np.ndarray, k: int, mask: np.ndarray, *, own_scan: bool = True
+    ) -> SearchResult:
+        """The exact top ``k`` among the rows of ``mask``, by the same three steps.
+
+        A selective mask (at most a quarter of the rows) scans only its rows (gathered, float32
+        products, :class:`~subspace.engine._select.TopCandidates`); a broad one asks the
+        backend's own scan for ``c * N / n_allowed`` candidates and keeps the allowed ones. The
+        completeness check holds the same way: a row outside the candidates scores at most the
+        scan's ``c``-th score ``b``, so the allowed top ``k`` is complete once ``b`` is below its
+        ``k``-th by ``2 eps``; otherwise the query is rescanned with ``4c``. ``own_scan=False``
+        always takes the first way (exact whatever the backend's scan is).
+        """
+        nq, n, K = q.shape[0], self.num_docs, len(self.layout)
+        idx = np.flatnonzero(mask)
+        na = int(idx.size)
+        kk = min(k, na)
+        if kk == 0:
+            empty = np.empty((nq, 0))
+            return SearchResult(
+                empty.astype(np.float32), empty.astype(np.int64), np.empty((nq, 0, K), np.float32)
+            )
+        scaled64 = q.astype(np.float64) * self.layout.expand(w)
+        scaled32 = scaled64.astype(np.float32)
+        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)
+        scale = (w * qnorm) @ self._max_block_norm
+        subset = 4 * na <= n or not own_scan
+        total = na if subset else n
+        out_rows = np.empty((nq, kk), np.int64)
+        out_scores = np.empty((nq, kk), np.float32)
+        pending = np.arange(nq)
+        c = self.candidates(kk)
+        if not subset:
+            c = -(-c * n // na)
+        while pending.size:
+            if c >= total:
+                rows = np.broadcast_to(idx, (pending.size, na))
+                done = np.ones(pending.size, bool)
+            else:
+                if subset:
+                    full, scan = self._scan_rows(scaled32[pending], idx, c)
+                else:
+                    full, scan = self._scan(scaled32[pending], c)
+                eps = self._scan_rel_error(pending.size) * scale[pending]
+                bound = scan[:, c - 1] if scan.shape[1] >= c else np.full(len(scan), -np.inf, np.float32)
+                rows, scan = _keep_allowed(full, scan, mask, kk)
+                kth = scan[:, kk - 1].astype(np.float64)
+                done = ((rows >= 0).sum(axis=1) >= kk) & (bound.astype(np.float64) < kth - 2.0 * eps)
+                done |= (full >= 0).sum(axis=1) >= total
+                rows = self._prune(rows, scan, kk, eps)
+            if done.any():
+                sel = pending[done]
+                r, s = self._rerank(scaled64[sel], rows[done], kk)
+                out_rows[sel], out_scores[sel] = r, s
+            if not done.all():
+                self.rescans += int((~done).sum())
+            pending = pending[~done]
+            c *= 4
+        sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
+        return SearchResult(out_scores, out_rows, sub)
+
+    def _scan_rows(self, scaled: np.ndarray, idx: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_scan` restricted to rows ``idx`` (ascending), read from the master in float32."""
+        sel = TopCandidates(scaled.shape[0], c)
+        step = max(256, _RERANK_BLOCK // max(1, self.dim))
+        for s in range(0, idx.size, step):
+            block = np.asarray(self.master[idx[s : s + step]], dtype=np.float32)
+            sel.add(np.ascontiguousarray(scaled @ block.T), s)
+        pos, scores = sel.result()
+        return np.where(pos >= 0, idx[np.maximum(pos, 0)], -1), scores
 
     def warmup(self) -> None:
         """One tiny search, so first-request costs (thread pools, page-ins) are paid up front."""
@@ -296,6 +407,23 @@ class Backend(ABC):
         if not np.isfinite(w).all() or (w < 0).any():
             raise EngineInputError("block_weights must be finite and >= 0", "block_weights")
         return q, np.broadcast_to(w, (q.shape[0], K)), int(k)
+
+
+def _keep_allowed(
+    rows: np.ndarray, scores: np.ndarray, mask: np.ndarray, k: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """Candidates ``(nq, m)`` (sorted, ``-1`` padding) -> the allowed ones, still sorted, left
+    aligned, padded to at least ``k`` columns."""
+    keep = (rows >= 0) & mask[np.maximum(rows, 0)]
+    width = max(k, int(keep.sum(axis=1).max()) if keep.size else 0)
+    order = np.argsort(~keep, axis=1, kind="stable")[:, :width]
+    out_rows = np.take_along_axis(np.where(keep, rows, -1), order, 1)
+    out_scores = np.take_along_axis(np.where(keep, scores, -np.inf), order, 1)
+    if out_rows.shape[1] < width:
+        pad = width - out_rows.shape[1]
+        out_rows = np.pad(out_rows, ((0, 0), (0, pad)), constant_values=-1)
+        out_scores = np.pad(out_scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+    return out_rows, out_scores.astype(np.float32)
 
 
 def check_precision(precision: str) -> None:
