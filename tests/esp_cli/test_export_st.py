@@ -1,0 +1,73 @@
+"""``esp export-st``: the folder loads with ``SentenceTransformer(path, trust_remote_code=True)``
+offline, in a fresh process, and gives the bundle encoder's vectors to 1e-5."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench.live_server import child_env
+from esp_cli.main import main
+
+TEXTS = ["how do I reset my password", "paris weather tomorrow", "a", "history of the roman empire " * 20]
+
+LOAD = """
+import json, sys
+import numpy as np
+from sentence_transformers import SentenceTransformer
+model = SentenceTransformer(sys.argv[1], trust_remote_code=True)
+vecs = model.encode(json.loads(sys.argv[2]), convert_to_numpy=True, batch_size=2)
+np.save(sys.argv[3], np.asarray(vecs, dtype=np.float32), allow_pickle=False)
+print(json.dumps({"dim": model.get_embedding_dimension()}))
+"""
+
+
+@pytest.fixture(scope="module")
+def exported(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("st") / "st-encoder"
+    assert main(["export-st", "--bundle", str(tiny_bundle), "--out", str(out)]) == 0
+    return out
+
+
+def test_the_export_loads_offline_and_gives_the_encoders_vectors(
+    exported: Path, tiny_bundle: Path, tmp_path: Path
+) -> None:
+    from encoder.query_encoder import QueryEncoder
+
+    out_npy = tmp_path / "vecs.npy"
+    env = child_env({"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")})
+    proc = subprocess.run(
+        [sys.executable, "-c", LOAD, str(exported), json.dumps(TEXTS), str(out_npy)],
+        env=env, cwd=tmp_path, capture_output=True, text=True, timeout=300, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = np.load(out_npy, allow_pickle=False)
+    expected = QueryEncoder.load(tiny_bundle / "encoder").encode(TEXTS)
+    assert got.shape == expected.shape == (len(TEXTS), 32)
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == {"dim": 32}
+    np.testing.assert_allclose(got, expected, atol=1e-5, rtol=0)
+    # every block unit-norm, as the bundle's vectors are
+    for start, stop in ((0, 16), (16, 24), (24, 32)):
+        np.testing.assert_allclose(np.linalg.norm(got[:, start:stop], axis=1), 1.0, atol=1e-5)
+
+
+def test_the_folder_holds_the_encoder_and_the_st_config(exported: Path) -> None:
+    modules = json.loads((exported / "modules.json").read_text(encoding="utf-8"))
+    assert modules == [{"idx": 0, "name": "0", "path": "", "type": "encoder.st_module.ESPQueryEncoderModule"}]
+    assert (exported / "esp_encoder.json").is_file() and (exported / "transformer" / "config.json").is_file()
+    config = json.loads((exported / "config_sentence_transformers.json").read_text(encoding="utf-8"))
+    assert config["similarity_fn_name"] == "dot"
+
+
+def test_refuses_an_existing_folder_and_a_bundle_without_encoder(
+    exported: Path, tiny_bundle: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["export-st", "--bundle", str(tiny_bundle), "--out", str(exported)]) == 1
+    assert "exists" in capsys.readouterr().err
+    assert main(["export-st", "--bundle", str(tmp_path / "nope"), "--out", str(tmp_path / "o")]) == 1
+    assert not (tmp_path / "o").exists()
