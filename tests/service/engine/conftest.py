@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Iterator
+from types import ModuleType
+from typing import Any, ClassVar
 
 import numpy as np
 import pytest
 
 from service.engine import BACKENDS, Backend, BackendUnavailable
+from service.engine.cupy_backend import CupyBackend
+from subspace.engine.array_scan import ArrayScanBackend
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks, reference_scores
 
@@ -15,6 +19,45 @@ LAYOUTS = {
     "three": {"semantic": 24, "entity": 12, "intent": 4},
     "one": {"all": 16},
     "uneven": {"a": 3, "b": 17, "c": 1, "d": 9},
+}
+
+
+
+class CupyOnNumpy(CupyBackend):
+    """The ``cupy`` backend's own code with numpy as its array module (test-only).
+
+    Everything but the device: float16 queries times the float16 corpus with float32
+    accumulation and float16 scores (numpy's float16 matmul rounds as cuBLAS ``gemmEx`` does
+    here), the completeness bound for it, and the selection by ``torch.topk`` over DLPack.
+    """
+
+    name: ClassVar[str] = "cupy-on-numpy"
+    workspace_bytes: ClassVar[int] = 1 << 20
+
+    def _require(self) -> None:
+        pass
+
+    def _array_module(self) -> ModuleType:
+        return np
+
+    def _to_host(self, x: np.ndarray) -> np.ndarray:
+        return np.asarray(x)
+
+    def _torch_for_selection(self) -> Any:
+        import torch
+
+        return torch  # torch.topk on the CPU, over the same DLPack hand-off as on CUDA
+
+    def _stable_argsort(self, x: np.ndarray) -> np.ndarray:
+        return np.argsort(x, axis=1, kind="stable")
+
+
+#: every registered backend, plus the GPU backend's array code on numpy (test-only: the CPU
+#: suite runs the scan, selection, bound and re-rank code that ``cupy`` runs on a device)
+ENGINES: dict[str, type[Backend]] = {
+    **BACKENDS,
+    ArrayScanBackend.name: ArrayScanBackend,
+    CupyOnNumpy.name: CupyOnNumpy,
 }
 
 
@@ -41,7 +84,7 @@ def startable() -> list[tuple[str, str]]:
     layout = layout_of("one")
     corpus = random_rows(4, layout, 0)
     pairs = []
-    for name, cls in BACKENDS.items():
+    for name, cls in ENGINES.items():
         for precision in cls.precisions:
             try:
                 engine = cls(corpus, layout, precision=precision)
@@ -62,7 +105,7 @@ def make_engine() -> Iterator[object]:
     made: list[Backend] = []
 
     def make(name: str, corpus: np.ndarray, layout: SubspaceLayout, **kw: object) -> Backend:
-        engine = BACKENDS[name](corpus, layout, **kw)  # type: ignore[arg-type]
+        engine = ENGINES[name](corpus, layout, **kw)  # type: ignore[arg-type]
         made.append(engine)
         return engine
 
