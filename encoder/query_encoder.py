@@ -25,10 +25,17 @@ L2-normalised -> concatenated ``(n, D)`` (single_head: the heads' normalised out
 and normalised again, one block). Intent probabilities
 are ``softmax(scale * cos(z_block, prototype_c))`` over the intent classes. Encoding runs in
 eval mode under ``torch.inference_mode()``, so it is deterministic.
+
+Device: ``load(..., device="auto")`` encodes on CUDA when torch sees a device, on the CPU
+otherwise (:func:`resolve_device`; the default stays ``"cpu"`` for offline callers, the service
+asks for ``auto``). On CUDA the transformer runs under float16 autocast; pooling, the heads'
+outputs and the block normalisation are float32, so a query differs from its CPU encoding only
+by float16 rounding inside the trunk (the engine's re-rank is exact for whatever vector it gets).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -43,9 +50,36 @@ from subspace.jsonfile import read_json_object
 from subspace.layout import LayoutError, SubspaceLayout
 from subspace.lexical import HashedNgrams
 
+log = logging.getLogger(__name__)
+
 
 class EncoderError(FieldError):
     """An encoder folder that cannot be loaded; the message names the file or field."""
+
+
+#: the devices :meth:`QueryEncoder.load` accepts (``cuda:N`` picks one of several GPUs)
+DEVICES = ("auto", "cpu", "cuda")
+
+
+def resolve_device(requested: str = "auto") -> str:
+    """``auto`` -> ``cuda`` when torch sees a CUDA device, else ``cpu``; ``cpu`` and ``cuda``
+    (``cuda:N``) as asked. Asking for CUDA where there is none is an :class:`EncoderError`
+    (field ``device``) rather than a silent CPU fallback."""
+    name = requested.strip().lower()
+    kind, _, index = name.partition(":")
+    if kind not in DEVICES or (index and (kind != "cuda" or not index.isdigit())):
+        raise EncoderError(
+            f"encoder device {requested!r} is unknown; allowed: {list(DEVICES)} or cuda:N", "device"
+        )
+    available = torch.cuda.is_available()
+    if kind == "auto":
+        return "cuda" if available else "cpu"
+    if kind == "cuda" and not available:
+        raise EncoderError(f"encoder device {requested!r}: torch sees no CUDA device", "device")
+    count = torch.cuda.device_count() if index else 0
+    if index and int(index) >= count:
+        raise EncoderError(f"encoder device {requested!r}: only {count} CUDA device(s)", "device")
+    return name
 
 
 class QueryEncoder:
@@ -63,6 +97,8 @@ class QueryEncoder:
         self.model = model
         self.tokenizer = tokenizer
         self.device = torch.device(device)
+        #: float16 autocast for the transformer: on CUDA only (CPU float16 is slow and inexact)
+        self.autocast = self.device.type == "cuda"
         try:
             self.layout = SubspaceLayout.from_dict(config["layout"])
         except (LayoutError, KeyError, TypeError) as exc:
@@ -118,10 +154,14 @@ class QueryEncoder:
     def load(
         cls, encoder_dir: Path | str, *, device: str = "cpu", threads: int | None = None
     ) -> QueryEncoder:
-        """Load an ``encoder/`` folder; :class:`EncoderError` names a missing or malformed part."""
+        """Load an ``encoder/`` folder; :class:`EncoderError` names a missing or malformed part.
+
+        ``device``: ``cpu``, ``cuda`` (``cuda:N``) or ``auto`` (:func:`resolve_device`).
+        """
         from safetensors.torch import load_file
         from transformers import AutoModel, AutoTokenizer
 
+        device = resolve_device(device)
         root = Path(encoder_dir)
         if threads is not None:
             torch.set_num_threads(int(threads))
@@ -152,9 +192,11 @@ class QueryEncoder:
         model.eval().to(device)
         tensors = {k: v.to(device) for k, v in tensors.items()}
         try:
-            return cls(config, model, tokenizer, tensors, device)
+            encoder = cls(config, model, tokenizer, tensors, device)
         except KeyError as exc:
             raise EncoderError(f"{HEADS_FILE}: missing tensor {exc}") from exc
+        log.info("query encoder on %s%s", device, " (float16 autocast)" if encoder.autocast else "")
+        return encoder
 
     @property
     def dim(self) -> int:
@@ -169,7 +211,9 @@ class QueryEncoder:
             for k, v in enc.items()
             if k in ("input_ids", "attention_mask", "token_type_ids")
         }
-        hidden = self.model(**batch).last_hidden_state
+        with torch.autocast(device_type=self.device.type, dtype=torch.float16, enabled=self.autocast):
+            hidden = self.model(**batch).last_hidden_state
+        hidden = hidden.float()
         mask = batch["attention_mask"].unsqueeze(-1).to(hidden.dtype)
         x = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1.0)
         if self._adapter is not None:
