@@ -31,6 +31,9 @@ class Settings(BaseSettings):
     backend: str = Field("auto", description=f"engine backend: {', '.join(['auto', *BACKENDS])}")
     precision: str = Field("float32", description=f"index precision: {', '.join(PRECISIONS)}")
     threads: int | None = Field(None, ge=1, description="engine threads (default: all cores)")
+    encoder_device: str = Field(
+        "auto", description="query encoder device: auto (CUDA when present, else cpu), cpu, cuda or cuda:N"
+    )
     max_queries: int = Field(256, ge=1, description="queries per request")
     max_k: int = Field(1000, ge=1, description="largest k a request may ask for")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit")

@@ -68,12 +68,12 @@ class ServingState:
         return self.engine.search(queries, block_weights, k)
 
 
-def _load_encoder(bundle: Bundle) -> Any | None:
+def _load_encoder(bundle: Bundle, device: str = "auto") -> Any | None:
     if bundle.encoder_dir is None:
         return None
     from encoder.query_encoder import QueryEncoder
 
-    return QueryEncoder.load(bundle.encoder_dir)
+    return QueryEncoder.load(bundle.encoder_dir, device=device)
 
 
 def _check_encoder(encoder: Any, layout: SubspaceLayout) -> None:
@@ -115,7 +115,7 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
         precision=settings.precision,
         threads=settings.threads,
     )
-    encoder = _load_encoder(bundle)
+    encoder = _load_encoder(bundle, settings.encoder_device)
     if encoder is not None:
         _check_encoder(encoder, bundle.layout)
     state = ServingState(bundle=bundle, engine=engine, encoder=encoder, docs=bundle.docs())
