@@ -14,6 +14,7 @@ import numpy as np
 
 from service.engine.cupy_backend import CupyBackend
 from service.engine.faiss_backend import FaissBackend
+from service.engine.milvus_backend import MilvusBackend
 from service.engine.torch_backend import TorchBackend
 from subspace.engine.base import (
     PRECISIONS,
@@ -34,6 +35,7 @@ BACKENDS: dict[str, type[Backend]] = {
     TorchBackend.name: TorchBackend,
     FaissBackend.name: FaissBackend,
     CupyBackend.name: CupyBackend,
+    MilvusBackend.name: MilvusBackend,  # a Milvus collection (ESP_MILVUS_URI); not in auto
 }
 
 # "auto": fastest first, per storage precision, as bench/knn.py ranks them on CPUs without a GPU

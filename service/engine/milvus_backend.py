@@ -1,0 +1,620 @@
+"""``milvus``: the knob served from a Milvus collection (Milvus Lite file, server or cluster).
+
+The score is one inner product over the concatenated vector (docs/architecture.md section 1),
+so the collection needs one vector field (``esp_vector``, metric IP) and the block-scaled query:
+no per-field search and no fused ranker. Beside the vector: ``esp_id`` (primary key, the
+document id), ``esp_row`` (the bundle row; live documents get ``2**62 + hash(id)``, so the
+tie order of bundle rows is the numpy backend's), and per metadata field of the bundle's
+``docs.jsonl`` a typed column plus ``esp_has_<field>`` (presence; Milvus Lite has no nullable
+fields). The collection's description records the layout, the metadata schema and a
+fingerprint of the corpus it was loaded from (:func:`load_bundle`, ``esp milvus-load``).
+
+Search, by the index the collection has:
+
+* ``FLAT`` (exact; ``GPU_BRUTE_FORCE`` on a GPU deployment is the same): Milvus returns the top
+  ``c`` by its float32 scores with their vectors; the completeness check of
+  :mod:`subspace.engine.base` (the ``c``-th score below the ``k``-th by ``2 eps``, else ``4c``)
+  and the float64 re-rank of those vectors give exactly the numpy backend's top ``k``.
+* ``IVF_FLAT``, ``HNSW``, ``AUTOINDEX`` (approximate): Milvus returns ``max(k, candidates)``
+  candidates, re-ranked exactly (float64, per-subspace scores); recall is measured in
+  ``bench/milvus.py``.
+
+Filters go to Milvus as expressions (:func:`subspace.filters.milvus_expression`). Writes
+(:meth:`MilvusBackend.upsert`, :meth:`MilvusBackend.delete`) and searches use consistency
+level ``Strong``: a search sees every write acknowledged before it started. Settings:
+``ESP_MILVUS_*`` (:class:`MilvusSettings`); the backend does not start without a URI.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import threading
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from pydantic import Field, SecretStr
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from service.errors import NotReadyError
+from subspace.engine.base import Backend, BackendUnavailable, EngineInputError, SearchResult
+from subspace.filters import (
+    CompiledFilter,
+    FieldType,
+    MetadataSchema,
+    allowed_rows_expression,
+    coerce_value,
+    presence_field,
+    quote,
+)
+from subspace.layout import SubspaceLayout
+
+log = logging.getLogger(__name__)
+
+ID, ROW, VECTOR = "esp_id", "esp_row", "esp_vector"
+LIVE_ROW0 = 1 << 62  # rows of documents written live: LIVE_ROW0 + 62-bit hash of the id
+MAX_TOPK = 16384  # Milvus' largest limit per search
+MAX_ID_BYTES = 65535
+DISPLAY_FIELDS = ("text", "title", "url")
+EXACT_INDEXES = ("FLAT", "GPU_BRUTE_FORCE")
+INDEXES = ("FLAT", "IVF_FLAT", "HNSW", "AUTOINDEX", "GPU_BRUTE_FORCE")
+CONSISTENCY = "Strong"
+FORMAT = 1
+_U32 = 2.0**-24
+_DOC_CACHE_MAX = 1 << 20
+
+
+class MilvusSettings(BaseSettings):
+    """Where the collection is and how to search it (environment ``ESP_MILVUS_*``)."""
+
+    model_config = SettingsConfigDict(env_prefix="ESP_MILVUS_", extra="ignore")
+
+    uri: str | None = Field(
+        None, description="a Milvus Lite file (path ending in .db) or a server URI (http://host:19530)"
+    )
+    token: SecretStr | None = Field(None, description="server token ('user:password' or an API key)")
+    db_name: str = Field("", description="database on the server (default database when empty)")
+    collection: str = Field("esp", description="collection name")
+    index: str = Field("FLAT", description=f"index written by esp milvus-load: {', '.join(INDEXES)}")
+    nlist: int = Field(1024, ge=1, description="IVF_FLAT lists")
+    nprobe: int = Field(64, ge=1, description="IVF_FLAT lists probed per query")
+    hnsw_m: int = Field(16, ge=2, description="HNSW graph degree")
+    ef_construction: int = Field(200, ge=1, description="HNSW build breadth")
+    ef: int = Field(256, ge=1, description="HNSW search breadth (at least the candidates fetched)")
+    candidates: int = Field(256, ge=1, description="approximate indexes: candidates re-ranked exactly")
+    timeout: float = Field(60.0, gt=0, description="seconds per Milvus call")
+
+
+def connect(settings: MilvusSettings) -> Any:
+    """A ``pymilvus.MilvusClient`` for the settings' URI (Milvus Lite for a local ``.db`` path)."""
+    try:
+        from pymilvus import MilvusClient
+    except ImportError as exc:
+        raise BackendUnavailable(
+            "milvus: pymilvus is not installed (pip install pymilvus milvus-lite)"
+        ) from exc
+    if not settings.uri:
+        raise BackendUnavailable("milvus: no URI configured (set ESP_MILVUS_URI to a .db file or a server)")
+    token = settings.token.get_secret_value() if settings.token is not None else ""
+    try:
+        return MilvusClient(uri=settings.uri, token=token, db_name=settings.db_name, timeout=settings.timeout)
+    except Exception as exc:  # pymilvus raises its own exception types for every connection failure
+        raise BackendUnavailable(f"milvus: cannot connect to {settings.uri!r}: {exc}") from exc
+
+
+def fingerprint(corpus: np.ndarray) -> str:
+    """A cheap identity of a corpus: its shape and dtype and 64 rows spread over it."""
+    n = corpus.shape[0]
+    h = hashlib.sha256(f"{corpus.shape}:{corpus.dtype}".encode())
+    for i in np.unique(np.linspace(0, n - 1, min(n, 64)).astype(np.int64)):
+        h.update(np.ascontiguousarray(corpus[int(i)]).tobytes())
+    return h.hexdigest()[:16]
+
+
+def live_row(doc_id: str) -> int:
+    """The row of a document written live (not from the bundle)."""
+    return LIVE_ROW0 + (int.from_bytes(hashlib.sha256(doc_id.encode()).digest()[:8], "big") >> 2)
+
+
+_MILVUS_TYPES: dict[FieldType, str] = {
+    FieldType.STRING: "VARCHAR",
+    FieldType.INT: "INT64",
+    FieldType.FLOAT: "DOUBLE",
+    FieldType.BOOL: "BOOL",
+    FieldType.DATE: "INT64",
+}
+
+
+def _index_params(settings: MilvusSettings, index: str) -> dict[str, Any]:
+    if index == "IVF_FLAT":
+        return {"nlist": settings.nlist}
+    if index == "HNSW":
+        return {"M": settings.hnsw_m, "efConstruction": settings.ef_construction}
+    return {}
+
+
+def create_collection(
+    client: Any,
+    settings: MilvusSettings,
+    layout: SubspaceLayout,
+    schema: MetadataSchema,
+    description: Mapping[str, Any],
+) -> None:
+    """The collection of one bundle: id, row, the vector, a typed column + presence flag per field."""
+    from pymilvus import DataType, MilvusClient
+
+    index = settings.index.upper()
+    if index not in INDEXES:
+        raise EngineInputError(
+            f"milvus index {settings.index!r} is unknown; allowed: {list(INDEXES)}", "index"
+        )
+    s = MilvusClient.create_schema(
+        auto_id=False, enable_dynamic_field=False, description=json.dumps(description)
+    )
+    s.add_field(ID, DataType.VARCHAR, is_primary=True, max_length=MAX_ID_BYTES)
+    s.add_field(ROW, DataType.INT64)
+    s.add_field(VECTOR, DataType.FLOAT_VECTOR, dim=layout.dim)
+    for name, kind in schema.fields.items():
+        dtype = getattr(DataType, _MILVUS_TYPES[kind])
+        extra = {"max_length": 65535} if kind == FieldType.STRING else {}
+        s.add_field(name, dtype, **extra)
+        s.add_field(presence_field(name), DataType.BOOL)
+    params = client.prepare_index_params()
+    params.add_index(
+        field_name=VECTOR, index_type=index, metric_type="IP", params=_index_params(settings, index)
+    )
+    client.create_collection(
+        settings.collection,
+        schema=s,
+        index_params=params,
+        consistency_level=CONSISTENCY,
+        timeout=settings.timeout,
+    )
+
+
+def entity(
+    doc_id: str,
+    row: int,
+    vector: np.ndarray,
+    fields: Mapping[str, Any],
+    *,
+    schema: MetadataSchema,
+    where: str,
+) -> dict[str, Any]:
+    """One row of the collection. ``fields``: values as in docs.jsonl (checked against the schema)."""
+    if not isinstance(doc_id, str) or not doc_id or len(doc_id.encode()) > MAX_ID_BYTES:
+        raise EngineInputError(
+            f"{where}.id must be a non-empty string of at most {MAX_ID_BYTES} bytes", f"{where}.id"
+        )
+    out: dict[str, Any] = {ID: doc_id, ROW: int(row), VECTOR: np.asarray(vector, np.float32).tolist()}
+    for name, kind in schema.fields.items():
+        value = fields.get(name)
+        present = value is not None
+        if present:
+            stored = coerce_value(kind, value, f"{where}.{name}")
+        else:
+            stored = {FieldType.STRING: "", FieldType.FLOAT: 0.0, FieldType.BOOL: False}.get(kind, 0)
+        out[name] = stored
+        out[presence_field(name)] = present
+    return out
+
+
+def read_description(client: Any, collection: str, timeout: float) -> dict[str, Any]:
+    desc = client.describe_collection(collection, timeout=timeout)
+    try:
+        meta = json.loads(desc.get("description") or "{}")
+    except json.JSONDecodeError:
+        meta = {}
+    if not isinstance(meta, dict) or meta.get("esp") != FORMAT:
+        raise BackendUnavailable(f"milvus: collection {collection!r} was not written by esp milvus-load")
+    return meta
+
+
+def count_rows(client: Any, collection: str, timeout: float, expr: str = "") -> int:
+    res = client.query(collection, filter=expr, output_fields=["count(*)"], timeout=timeout)
+    return int(res[0]["count(*)"])
+
+
+@dataclass(frozen=True)
+class LoadReport:
+    collection: str
+    rows: int
+    skipped: int
+    index: str
+    seconds: float
+
+
+def load_bundle(
+    settings: MilvusSettings,
+    layout: SubspaceLayout,
+    embeddings: np.ndarray,
+    ids: Sequence[str],
+    docs: Sequence[Mapping[str, Any]] | None,
+    *,
+    schema: MetadataSchema,
+    bundle_version: str = "",
+    batch: int = 2000,
+    replace: bool = False,
+    progress: Callable[[int, int], None] | None = None,
+) -> LoadReport:
+    """Write a corpus into the collection, resumably: rows go in order, in batches (upserts, so a
+    batch written twice is written once); a rerun starts at the first batch not fully present.
+    A collection of another corpus is refused unless ``replace`` (then dropped and rewritten)."""
+    import time
+
+    t0 = time.perf_counter()
+    client = connect(settings)
+    name, timeout = settings.collection, settings.timeout
+    n = embeddings.shape[0]
+    desc = {
+        "esp": FORMAT,
+        "layout": layout.to_dict(),
+        "metadata": schema.to_dict(),
+        "fingerprint": fingerprint(embeddings),
+        "bundle_version": bundle_version,
+        "count": n,
+    }
+    try:
+        if client.has_collection(name, timeout=timeout):
+            try:
+                old = read_description(client, name, timeout)
+            except BackendUnavailable:
+                old = {}
+            same = all(old.get(k) == desc[k] for k in ("layout", "metadata", "fingerprint", "count"))
+            if not same:
+                if not replace:
+                    raise EngineInputError(
+                        f"collection {name!r} holds another corpus (bundle {old.get('bundle_version')!r}); "
+                        "pass --replace to drop it, or choose another --collection",
+                        "collection",
+                    )
+                client.drop_collection(name, timeout=timeout)
+        if not client.has_collection(name, timeout=timeout):
+            create_collection(client, settings, layout, schema, desc)
+        client.load_collection(name, timeout=timeout)
+        done = count_rows(client, name, timeout, f"{ROW} < {n}")
+        start = (done // batch) * batch
+        if progress is not None:
+            progress(start, n)
+        for s in range(start, n, batch):
+            e = min(n, s + batch)
+            block = np.asarray(embeddings[s:e], dtype=np.float32)
+            rows = [
+                entity(
+                    ids[i],
+                    i,
+                    block[i - s],
+                    docs[i] if docs is not None else {},
+                    schema=schema,
+                    where=f"docs[{i}]",
+                )
+                for i in range(s, e)
+            ]
+            client.upsert(name, rows, timeout=timeout)
+            if progress is not None:
+                progress(e, n)
+        client.flush(name, timeout=timeout)
+        index = _index_type(client, name, timeout)
+        return LoadReport(name, n, start, index, time.perf_counter() - t0)
+    finally:
+        client.close()
+
+
+def _index_type(client: Any, collection: str, timeout: float) -> str:
+    info = client.describe_index(collection, VECTOR, timeout=timeout)
+    return str(info.get("index_type", "FLAT")).upper()
+
+
+@dataclass(frozen=True)
+class LiveDocument:
+    """A document to write: id, ``(D,)`` block-normalised vector, metadata values by field."""
+
+    id: str
+    vector: np.ndarray
+    fields: Mapping[str, Any]
+
+
+class MilvusBackend(Backend):
+    """The engine contract over a Milvus collection; writable (upsert, delete)."""
+
+    name: ClassVar[str] = "milvus"
+    precisions: ClassVar[tuple[str, ...]] = ("float32",)
+    writable: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        corpus: np.ndarray,
+        layout: SubspaceLayout,
+        *,
+        precision: str = "float32",
+        threads: int | None = None,
+        chunk_rows: int | None = None,
+        settings: MilvusSettings | None = None,
+    ) -> None:
+        self.settings = settings if settings is not None else MilvusSettings()
+        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+
+    # --- start ------------------------------------------------------------------------------
+    def _require(self) -> None:
+        try:
+            import pymilvus  # noqa: F401
+        except ImportError as exc:
+            raise BackendUnavailable(
+                "milvus: pymilvus is not installed (pip install pymilvus milvus-lite)"
+            ) from exc
+        if not self.settings.uri:
+            raise BackendUnavailable(
+                "milvus: no URI configured (set ESP_MILVUS_URI to a .db file or a server)"
+            )
+
+    def _load(self, corpus: np.ndarray) -> None:
+        s = self.settings
+        self._client = connect(s)
+        self._lock = threading.Lock()
+        self._docs: dict[int, tuple[str, dict[str, Any]]] = {}
+        try:
+            if not self._client.has_collection(s.collection, timeout=s.timeout):
+                raise BackendUnavailable(
+                    f"milvus: collection {s.collection!r} does not exist at {s.uri!r}; "
+                    "write the bundle into it first: esp milvus-load BUNDLE --uri ... --collection ..."
+                )
+            meta = read_description(self._client, s.collection, s.timeout)
+            if meta.get("layout") != self.layout.to_dict():
+                raise BackendUnavailable(
+                    f"milvus: collection {s.collection!r} has another layout than the bundle "
+                    f"({meta.get('layout')} vs {self.layout.to_dict()})"
+                )
+            if meta.get("fingerprint") != fingerprint(corpus):
+                raise BackendUnavailable(
+                    f"milvus: collection {s.collection!r} was loaded from another corpus (bundle "
+                    f"{meta.get('bundle_version')!r}); run esp milvus-load for this bundle"
+                )
+            self.metadata_schema = MetadataSchema.from_dict(meta.get("metadata") or {})
+            self.index_type = _index_type(self._client, s.collection, s.timeout)
+            self._client.load_collection(s.collection, timeout=s.timeout)
+        except BackendUnavailable:
+            self._client.close()
+            raise
+        except Exception as exc:
+            self._client.close()
+            raise BackendUnavailable(f"milvus: {exc}") from exc
+        self._display = [f for f in DISPLAY_FIELDS if self.metadata_schema.fields.get(f) == FieldType.STRING]
+        # stored vectors: block-normalised float32; live writes are normalised the same way
+        self._max_block_norm = np.maximum(self._max_block_norm, 1.0 + 1e-5)
+
+    @property
+    def exact(self) -> bool:
+        return self.index_type in EXACT_INDEXES
+
+    def close(self) -> None:
+        client = getattr(self, "_client", None)
+        if client is not None:
+            self._client = None
+            try:
+                client.close()
+            except Exception:  # closing must never fail
+                log.exception("milvus: closing the client failed")
+
+    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
+        raise NotImplementedError("the milvus backend searches in Milvus (search() is its own)")
+
+    # --- search -------------------------------------------------------------------------------
+    def _expression(self, allowed: Any) -> str:
+        if allowed is None:
+            return ""
+        if isinstance(allowed, CompiledFilter):
+            return allowed.expression()
+        mask = self._check_allowed(allowed)
+        return allowed_rows_expression(mask, ROW)
+
+    def _search_params(self, limit: int) -> dict[str, Any]:
+        s, index = self.settings, self.index_type
+        params: dict[str, Any] = {}
+        if index == "IVF_FLAT":
+            params = {"nprobe": s.nprobe}
+        elif index == "HNSW":
+            params = {"ef": max(s.ef, limit)}
+        return {"metric_type": "IP", "params": params}
+
+    def _milvus_search(self, scaled: np.ndarray, limit: int, expr: str) -> list[Any]:
+        client = self._client
+        if client is None:
+            raise BackendUnavailable("milvus: the engine is closed")
+        try:
+            return list(
+                client.search(
+                    self.settings.collection,
+                    data=[row.tolist() for row in scaled],
+                    anns_field=VECTOR,
+                    limit=limit,
+                    filter=expr,
+                    output_fields=[ROW, VECTOR],
+                    search_params=self._search_params(limit),
+                    consistency_level=CONSISTENCY,
+                    timeout=self.settings.timeout,
+                )
+            )
+        except Exception as exc:
+            raise NotReadyError(f"milvus: search failed: {exc}", retry_after=1.0) from exc
+
+    def candidates(self, k: int) -> int:
+        if self.exact:
+            return super().candidates(k)
+        return max(k + max(8, k // 8), self.settings.candidates)
+
+    def search(
+        self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
+    ) -> SearchResult:
+        """Top ``k`` per query from Milvus, re-ranked in float64; exact on a FLAT collection.
+
+        ``allowed``: ``None``, a :class:`~subspace.filters.CompiledFilter` (sent as an
+        expression) or an ``(N,)`` row mask over the bundle's rows (sent as ``esp_row in [...]``).
+        Queries with fewer matching documents than ``k`` get fewer hits: rows padded with ``-1``.
+        """
+        q, w, k = self._validate(queries, block_weights, k)
+        expr = self._expression(allowed)
+        nq, K = q.shape[0], len(self.layout)
+        scaled64 = q.astype(np.float64) * self.layout.expand(w)
+        scaled32 = scaled64.astype(np.float32)
+        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)
+        scale = (w * qnorm) @ self._max_block_norm
+        eps = 2.0 * (self.dim + 4) * _U32 * scale
+        hits: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * nq
+        pending = np.arange(nq)
+        c = min(MAX_TOPK, self.candidates(k))
+        while pending.size:
+            found = self._milvus_search(scaled32[pending], c, expr)
+            retry: list[int] = []
+            for j, qi in enumerate(pending.tolist()):
+                rows = np.fromiter((h["entity"][ROW] for h in found[j]), np.int64, len(found[j]))
+                dist = np.fromiter((h["distance"] for h in found[j]), np.float64, len(found[j]))
+                vecs = np.asarray([h["entity"][VECTOR] for h in found[j]], np.float64).reshape(-1, self.dim)
+                complete = (
+                    not self.exact
+                    or len(rows) < c  # every matching document was returned
+                    or dist[c - 1] < np.sort(dist)[::-1][min(k, len(dist)) - 1] - 2.0 * eps[qi]
+                )
+                if complete or c >= MAX_TOPK:
+                    if not complete:
+                        rows, vecs = self._exhaustive(expr)
+                    hits[qi] = (rows, vecs, vecs @ scaled64[qi])
+                else:
+                    retry.append(qi)
+            if retry:
+                self.rescans += len(retry)
+            pending = np.asarray(retry, np.int64)
+            c = min(MAX_TOPK, 4 * c)
+        width = min(k, max((len(h[0]) for h in hits if h is not None), default=0))
+        out_rows = np.full((nq, width), -1, np.int64)
+        out_scores = np.full((nq, width), -np.inf, np.float32)
+        out_sub = np.zeros((nq, width, K), np.float32)
+        for i, h in enumerate(hits):
+            assert h is not None
+            rows, vecs, exact = h
+            order = np.lexsort((rows, -exact))[:width]
+            m = len(order)
+            out_rows[i, :m] = rows[order]
+            out_scores[i, :m] = exact[order]
+            out_sub[i, :m] = (vecs[order] * q[i].astype(np.float64)) @ self._indicator
+        self._remember(out_rows)
+        return SearchResult(out_scores, out_rows, out_sub)
+
+    def _exhaustive(self, expr: str) -> tuple[np.ndarray, np.ndarray]:
+        """Every matching document's row and vector (when ties defeat ``MAX_TOPK`` candidates)."""
+        it = self._client.query_iterator(
+            self.settings.collection,
+            batch_size=4096,
+            filter=expr,
+            output_fields=[ROW, VECTOR],
+            timeout=self.settings.timeout,
+        )
+        rows: list[int] = []
+        vecs: list[list[float]] = []
+        try:
+            while batch := it.next():
+                rows.extend(int(r[ROW]) for r in batch)
+                vecs.extend(r[VECTOR] for r in batch)
+        finally:
+            it.close()
+        return np.asarray(rows, np.int64), np.asarray(vecs, np.float64).reshape(-1, self.dim)
+
+    def warmup(self) -> None:
+        q = np.asarray(self.master[:1], dtype=np.float32)
+        self.search(q, self.layout.default_weights(), 1)
+
+    # --- what hits show -------------------------------------------------------------------------
+    def _remember(self, rows: np.ndarray) -> None:
+        """Fetch id and display fields of the hits not cached yet (one query per search)."""
+        wanted = {int(r) for r in rows.reshape(-1) if r >= 0} - self._docs.keys()
+        if wanted:
+            self._fetch(sorted(wanted))
+
+    def _fetch(self, rows: Sequence[int]) -> None:
+        got = self._client.query(
+            self.settings.collection,
+            filter=f"{ROW} in [{', '.join(str(r) for r in rows)}]",
+            output_fields=[ID, ROW, *self._display],
+            consistency_level=CONSISTENCY,
+            timeout=self.settings.timeout,
+        )
+        with self._lock:
+            if len(self._docs) + len(got) > _DOC_CACHE_MAX:
+                self._docs.clear()
+            for r in got:
+                self._docs[int(r[ROW])] = (str(r[ID]), {f: r[f] for f in self._display if r.get(f)})
+
+    def documents(self, rows: Iterable[int]) -> list[tuple[str, dict[str, Any]]]:
+        """``(id, display fields)`` of each row a search returned."""
+        rows = [int(r) for r in rows]
+        missing = [r for r in rows if r not in self._docs]
+        if missing:
+            self._fetch(missing)
+        return [self._docs.get(r, ("", {})) for r in rows]
+
+    # --- writes ---------------------------------------------------------------------------------
+    def _rows_of(self, ids: Sequence[str]) -> dict[str, int]:
+        got = self._client.query(
+            self.settings.collection,
+            filter=f"{ID} in [{', '.join(quote(i) for i in ids)}]",
+            output_fields=[ID, ROW],
+            consistency_level=CONSISTENCY,
+            timeout=self.settings.timeout,
+        )
+        return {str(r[ID]): int(r[ROW]) for r in got}
+
+    def upsert(self, docs: Sequence[LiveDocument]) -> list[int]:
+        """Insert or replace documents by id; visible to every search that starts after it returns.
+
+        A known id keeps its row; a new one gets :func:`live_row`. Returns the rows written.
+        """
+        for i, d in enumerate(docs):
+            try:
+                quote(d.id)
+            except ValueError as exc:
+                raise EngineInputError(f"documents[{i}].id: {exc}", f"documents[{i}].id") from exc
+        known = self._rows_of([d.id for d in docs])
+        rows = [known.get(d.id, live_row(d.id)) for d in docs]
+        fresh = [r for d, r in zip(docs, rows, strict=True) if d.id not in known]
+        if fresh:
+            clash = self._client.query(
+                self.settings.collection,
+                filter=f"{ROW} in [{', '.join(map(str, fresh))}]",
+                output_fields=[ID, ROW],
+                consistency_level=CONSISTENCY,
+                timeout=self.settings.timeout,
+            )
+            if clash:
+                raise EngineInputError(
+                    f"document row {clash[0][ROW]} is taken by id {clash[0][ID]!r}", "documents"
+                )
+        entities = [
+            entity(d.id, r, d.vector, d.fields, schema=self.metadata_schema, where=f"documents[{i}].fields")
+            for i, (d, r) in enumerate(zip(docs, rows, strict=True))
+        ]
+        try:
+            self._client.upsert(self.settings.collection, entities, timeout=self.settings.timeout)
+        except Exception as exc:
+            raise NotReadyError(f"milvus: upsert failed: {exc}", retry_after=1.0) from exc
+        with self._lock:
+            for r in rows:
+                self._docs.pop(r, None)
+        return rows
+
+    def delete(self, doc_id: str) -> bool:
+        """Delete a document by id; ``False`` when there is none."""
+        known = self._rows_of([doc_id])
+        if doc_id not in known:
+            return False
+        try:
+            self._client.delete(self.settings.collection, ids=[doc_id], timeout=self.settings.timeout)
+        except Exception as exc:
+            raise NotReadyError(f"milvus: delete failed: {exc}", retry_after=1.0) from exc
+        with self._lock:
+            self._docs.pop(known[doc_id], None)
+        return True
+
+    def count(self) -> int:
+        return count_rows(self._client, self.settings.collection, self.settings.timeout)
