@@ -2,7 +2,8 @@
 
 Runs the server (``esp serve``) in the foreground; a background thread waits for ``/readyz``,
 sends the same query twice, once with semantic-heavy and once with entity-heavy weights,
-prints both top-k lists side by side and the two ``curl`` commands that reproduce them.
+prints both top-k lists side by side, the two ``curl`` commands that reproduce them and the
+URL of the playground page (``GET /ui``: a slider per subspace).
 
     python -m esp_cli.demo --artifacts artifacts/demo [--query "who is robert gray"]
 """
@@ -55,6 +56,11 @@ def curl(url: str, body: dict[str, Any]) -> str:
     )
 
 
+def page_url(url: str) -> str:
+    """The playground page of the server at ``url``."""
+    return f"{url}/ui"
+
+
 def _cell(hit: Any, width: int) -> str:
     label = (hit.title or hit.text or "").replace("\n", " ")
     return textwrap.shorten(f"{hit.score:6.3f} {hit.id:>8} {label}", width=width, placeholder="...")
@@ -82,6 +88,7 @@ def show(url: str, query: str, k: int = 5, out: Any = sys.stdout) -> list[Search
     print(f"\n{moved}; try it yourself:\n", file=out)
     for name, body in bodies.items():
         print(f"# {name}\n{curl(url, body)}\n", file=out)
+    print(f"# or move the weights yourself, one slider per subspace:\n{page_url(url)}\n", file=out)
     out.flush()
     return results
 

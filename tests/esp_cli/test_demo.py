@@ -9,6 +9,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
+import httpx
 import pytest
 
 from bench.live_server import LiveServer
@@ -65,3 +66,7 @@ def test_printed_requests_work_and_match_the_lists(served: LiveServer) -> None:
         assert [h["id"] for h in answer["results"][0]["hits"]] == [h.id for h in expected.results[0].hits]
         for hit in expected.results[0].hits:
             assert hit.id in text  # the side-by-side table lists every hit
+    # beside the curls, the playground page's URL, which the server serves
+    assert f"{served.url}/ui" in text.splitlines()
+    page = httpx.get(f"{served.url}/ui", timeout=30)
+    assert page.status_code == 200 and "<title>ESP playground</title>" in page.text
