@@ -30,6 +30,7 @@ _ENV = {
     "queue_size": "ESP_QUEUE_SIZE",
     "max_queries": "ESP_MAX_QUERIES",
     "max_k": "ESP_MAX_K",
+    "log_format": "ESP_LOG_FORMAT",
 }
 
 
@@ -52,6 +53,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--no-batching", action="store_true", help="one engine call per request")
     parser.add_argument("--log-level", default="info", choices=["debug", "info", "warning", "error"])
     parser.add_argument("--no-access-log", action="store_true", help="do not log every request")
+    parser.add_argument(
+        "--log-format", choices=["json", "text"],
+        help="json lines (default) or text for a terminal (ESP_LOG_FORMAT)",
+    )
 
 
 def run(args: argparse.Namespace) -> int:
@@ -82,6 +87,10 @@ def run(args: argparse.Namespace) -> int:
 
     import uvicorn
 
+    from service.logs import log_config
+
+    if settings.log_format == "json":
+        os.environ.setdefault("TQDM_DISABLE", "1")  # progress bars (model loading) are not log lines
     uvicorn.run(
         "service.app:create_app",
         factory=True,
@@ -89,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
         port=args.port or settings.port,
         workers=args.workers,
         log_level=args.log_level,
+        log_config=log_config(settings.log_format, args.log_level),
         access_log=not args.no_access_log,
         timeout_graceful_shutdown=15,
     )

@@ -37,7 +37,7 @@ from service.errors import (
 )
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, MetricsMiddleware
+from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from service.registry import RegistryWatcher
 from service.routes import admin, cluster, embeddings, meta, registry, search, ui
 from service.schemas import UNION_TAGS, error_responses
@@ -176,6 +176,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
+    app.add_middleware(RequestIdMiddleware)  # outermost: every line of a request carries its id
     search.add_search_route(app)
     app.include_router(meta.router)
     app.include_router(registry.router, responses=error_responses(404, 422, 503))

@@ -95,6 +95,33 @@ class Settings(BaseSettings):
         description="after an early error (413, 408, 431) the server reads and drops what the client still "
         "sends for up to this long before closing, so the client reads the answer instead of a reset",
     )
+    # --- operations (README "Operating the service") ---
+    log_format: Literal["json", "text"] = Field(
+        "json", description="log lines: one JSON object per line (json) or plain text for a terminal (text)"
+    )
+    exposure_log: Literal["off", "stdout", "file"] = Field(
+        "off", description="one JSON record per search served by an experiment arm: off, stdout or file"
+    )
+    exposure_log_path: Path | None = Field(None, description="the file of exposure_log=file (rotated)")
+    exposure_log_max_bytes: int = Field(
+        100 * 1024 * 1024, ge=1024, description="exposure log file size before it rotates"
+    )
+    exposure_log_backups: int = Field(5, ge=0, description="rotated exposure log files kept")
+    exposure_sample_rate: float = Field(
+        1.0, ge=0, le=1, description="share of exposures logged (by unit id, so a unit is in or out)"
+    )
+    exposure_hash_unit_id: bool = Field(
+        True, description="log sha256(salt:unit_id) instead of the raw unit id (the salt: exposure_salt)"
+    )
+    exposure_salt: str = Field("", description="salt of the hashed unit id in exposure records")
+    exposure_include_ids: bool = Field(False, description="add the returned document ids to each record")
+    tracing: bool = Field(
+        False, description="OpenTelemetry spans of each request and its search stages, sent by OTLP/HTTP"
+    )
+    otlp_endpoint: str | None = Field(
+        None, description="OTLP/HTTP traces URL (default: the OTEL_EXPORTER_OTLP_* environment variables)"
+    )
+    trace_sample_ratio: float = Field(1.0, ge=0, le=1, description="share of requests traced (parent-based)")
 
 
 @lru_cache

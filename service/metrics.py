@@ -5,7 +5,8 @@ Names follow Prometheus conventions: ``esp_`` prefix, base units, ``_seconds`` a
 and experiment/arm names taken from the registry, never user ids or raw weights.
 Dashboards and alert rules (helm/) use exactly the names in :data:`METRIC_NAMES`.
 
-The registry is injectable so each app (and each test) starts from clean counters.
+The registry is injectable so each app (and each test) starts from clean counters. It also
+carries prometheus-client's process and garbage-collector collectors (:data:`PROCESS_METRIC_NAMES`).
 """
 
 from __future__ import annotations
@@ -13,7 +14,9 @@ from __future__ import annotations
 from typing import Any, TypeVar
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.gc_collector import GCCollector
 from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.process_collector import ProcessCollector
 
 M = TypeVar("M", bound=MetricWrapperBase)
 
@@ -28,6 +31,9 @@ class Metrics:
     def __init__(self, registry: CollectorRegistry | None = None) -> None:
         self.registry = registry if registry is not None else CollectorRegistry()
         r = self.registry
+        # process_* (CPU, memory, open fds, start time) and python_gc_* on the service's registry
+        ProcessCollector(registry=r)
+        GCCollector(registry=r)
         self.requests = Counter(
             "esp_requests_total", "HTTP requests by route template and status code.",
             ["route", "status"], registry=r,
@@ -117,4 +123,16 @@ METRIC_NAMES: tuple[str, ...] = (
     "esp_experiment_request_duration_seconds",
     "esp_registry_reloads_total",
     "esp_bundle_reloads_total",
+)
+
+#: The process and GC series on the same registry (Linux; Prometheus' own conventions).
+PROCESS_METRIC_NAMES: tuple[str, ...] = (
+    "process_cpu_seconds_total",
+    "process_resident_memory_bytes",
+    "process_virtual_memory_bytes",
+    "process_open_fds",
+    "process_max_fds",
+    "process_start_time_seconds",
+    "python_gc_objects_collected_total",
+    "python_gc_collections_total",
 )

@@ -1,4 +1,5 @@
-"""Pure-ASGI middleware: request metrics by route template, and the request body size limit.
+"""Pure-ASGI middleware: request metrics by route template, the request body size limit, and
+the request id (:class:`RequestIdMiddleware`, outermost: every log line of a request carries it).
 
 Pure ASGI (not ``BaseHTTPMiddleware``) so streaming and the event loop stay untouched and the
 route template is read from the scope the router filled in.
@@ -15,6 +16,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ErrorKind, error_body
+from service.logs import REQUEST_ID, request_id_from
 from service.metrics import Metrics
 
 UNMATCHED = "unmatched"
@@ -147,3 +149,32 @@ class BodyLimitMiddleware:
             return await receive()
 
         await self.app(scope, replay, send)
+
+
+class RequestIdMiddleware:
+    """Take the caller's ``X-Request-ID`` (a plain token of at most 128 characters) or make one,
+    hold it in :data:`service.logs.REQUEST_ID` while the request runs, echo it in the response."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        header = next((v for k, v in scope.get("headers") or () if k == b"x-request-id"), None)
+        request_id = request_id_from(header)
+        raw = request_id.encode("ascii")
+        scope.setdefault("state", {})["request_id"] = request_id
+
+        async def send_with_id(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [(k, v) for k, v in message.get("headers", ()) if k.lower() != b"x-request-id"]
+                message = {**message, "headers": [*headers, (b"x-request-id", raw)]}
+            await send(message)
+
+        token = REQUEST_ID.set(request_id)
+        try:
+            await self.app(scope, receive, send_with_id)
+        finally:
+            REQUEST_ID.reset(token)

@@ -1,0 +1,80 @@
+"""Structured logs of the live server: JSON lines carrying the request id that the response
+echoes in ``X-Request-ID`` (the caller's when it sent a plain one), uvicorn's access log in the
+same format; ``ESP_LOG_FORMAT=text`` for a terminal. Also the process and GC series."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+from bench.live_server import LiveServer
+from service.metrics import PROCESS_METRIC_NAMES
+from subspace.bundle import read_bundle, write_bundle
+
+
+def _records(server: LiveServer) -> list[dict]:
+    """Every line of the server's output as JSON (a line that is not JSON fails the test)."""
+    out = []
+    for line in server.log().splitlines():
+        if line.strip():
+            out.append(json.loads(line))
+    return out
+
+
+def test_json_lines_carry_the_request_id_the_response_echoes(served: LiveServer) -> None:
+    given = "caller-id.42"
+    r = httpx.post(f"{served.url}/v1/search", json={"queries": [{"text": "bank"}], "k": 2},
+                   headers={"X-Request-ID": given}, timeout=30)
+    assert r.status_code == 200 and r.headers["x-request-id"] == given
+    bad = httpx.get(f"{served.url}/v1/layout", headers={"X-Request-ID": "no spaces allowed"}, timeout=30)
+    made = bad.headers["x-request-id"]
+    assert made != "no spaces allowed" and len(made) == 32
+    missing = httpx.post(f"{served.url}/v1/search", json={"queries": []}, timeout=30)
+    assert missing.status_code == 422 and len(missing.headers["x-request-id"]) == 32
+
+    def access_line(request_id: str) -> dict:
+        for _ in range(50):  # the access line is written right after the response starts
+            lines = [x for x in _records(served)
+                     if x.get("request_id") == request_id and x["logger"] == "uvicorn.access"]
+            if lines:
+                return lines[0]
+        raise AssertionError(f"no access line for {request_id}")
+
+    line = access_line(given)
+    assert (line["method"], line["path"], line["status"], line["level"]) == ("POST", "/v1/search", 200, "INFO")
+    assert line["time"].endswith("+00:00")
+    assert access_line(made)["path"] == "/v1/layout"
+    assert access_line(missing.headers["x-request-id"])["status"] == 422
+    # the service's own lines (bundle loading) are JSON too, outside any request
+    assert any(x["logger"].startswith("service.") and x["request_id"] is None for x in _records(served))
+
+
+def test_process_and_gc_metrics_are_exposed(served: LiveServer) -> None:
+    text = httpx.get(f"{served.url}/metrics", timeout=30).text
+    names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
+    assert set(PROCESS_METRIC_NAMES) <= names, set(PROCESS_METRIC_NAMES) - names
+    rss = next(float(x.split()[1]) for x in text.splitlines() if x.startswith("process_resident_memory_bytes"))
+    assert rss > 10e6  # a process holding torch and a bundle
+
+
+def vectors_only(src: Path, out: Path) -> Path:
+    """``src``'s embeddings and ids without the encoder: a server on it is ready in seconds."""
+    b = read_bundle(src)
+    return write_bundle(out, b.layout, np.asarray(b.embeddings), b.ids)
+
+
+def test_text_format_for_a_terminal(
+    served_bundle: Path, server_factory: Callable[..., LiveServer], tmp_path: Path
+) -> None:
+    server = server_factory(vectors_only(served_bundle, tmp_path / "b"), log_format="text")
+    r = httpx.get(f"{server.url}/readyz", headers={"X-Request-ID": "plain-7"}, timeout=30)
+    assert r.headers["x-request-id"] == "plain-7"
+    server.stop()
+    lines = server.log().splitlines()
+    mine = [x for x in lines if "[plain-7]" in x]
+    assert mine and "GET /readyz" in mine[0] and not mine[0].startswith("{")
+    assert any(" INFO service." in x and "[-]" in x for x in lines)
