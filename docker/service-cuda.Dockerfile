@@ -1,45 +1,41 @@
 # syntax=docker/dockerfile:1
-# ESP retrieval service on an NVIDIA GPU: CUDA runtime base, cupy engine backend, one process
-# per GPU (the Helm chart gives each pod one nvidia.com/gpu). Build from the repository root:
+# ESP retrieval service on an NVIDIA GPU: the CPU image's Python and pins, with torch's CUDA
+# wheel (it encodes query text on the GPU) and cupy (the engine's cupy backend). One process per
+# GPU (the Helm chart gives each pod one nvidia.com/gpu). Build from the repository root:
 #   docker build -f docker/service-cuda.Dockerfile -t esp-retrieval:0.1.0-cuda .
 # Bake a bundle with --build-arg BUNDLE=<dir in the context>, or mount one at /models/bundle.
+#
+# The CUDA runtime libraries come as wheels (torch==2.13.0 from PyPI depends on the CUDA 13
+# toolkit wheels, which cupy-cuda13x finds too); the driver (libcuda) is the node's, mounted by
+# the NVIDIA container toolkit (NVIDIA_VISIBLE_DEVICES / NVIDIA_DRIVER_CAPABILITIES below), so
+# the node needs a driver for CUDA 13. Without a usable GPU the service still starts:
+# ESP_BACKEND=auto skips cupy with its reason in the log and the encoder runs on the CPU.
 
-ARG CUDA_IMAGE=nvidia/cuda:12.8.1-runtime-ubuntu24.04
+ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
-FROM ${CUDA_IMAGE} AS deps
-ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1 \
-    DEBIAN_FRONTEND=noninteractive
-# Python from the distribution: the CUDA images ship none. The base tag pins the distribution;
-# its security updates move the exact package versions, so they are not pinned here.
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 python3-venv \
-    && rm -rf /var/lib/apt/lists/*
-RUN python3 -m venv /opt/venv
+FROM ${PYTHON_IMAGE} AS deps
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1 PYTHONDONTWRITEBYTECODE=1
+RUN python -m venv /opt/venv
 ENV PATH=/opt/venv/bin:$PATH
 WORKDIR /src
+# Dependency layer: changes only when the pins change, not with every code edit.
 COPY requirements.txt pyproject.toml ./
 COPY deploy/pins.py deploy/pins.py
-# The PyPI torch wheel is the CUDA build (it encodes query text on the GPU); cupy scores on it.
-# cupy is the one dependency outside requirements.txt (the CPU test machines cannot run it).
-ARG CUPY_VERSION=13.6.0
+# The serve pins of requirements.txt, torch included (PyPI's Linux wheel of the same version is
+# the CUDA build); cupy is the one dependency outside requirements.txt (the CPU test machines
+# cannot run it), pinned here.
+ARG CUPY_VERSION=14.2.0
 RUN python deploy/pins.py serve > /tmp/serve.txt \
-    && pip install -r /tmp/serve.txt "cupy-cuda12x==${CUPY_VERSION}"
+    && pip install -r /tmp/serve.txt "cupy-cuda13x==${CUPY_VERSION}"
+# Code layer.
 COPY subspace subspace
 COPY encoder encoder
 COPY service service
 COPY esp_cli esp_cli
 RUN pip install --no-deps .
 
-FROM ${CUDA_IMAGE}
+FROM ${PYTHON_IMAGE}
 ARG BUNDLE=docker/empty-bundle
-ENV DEBIAN_FRONTEND=noninteractive
-# hadolint ignore=DL3008
-RUN apt-get update \
-    && apt-get install -y --no-install-recommends python3 \
-    && rm -rf /var/lib/apt/lists/* \
-    && groupadd --system --gid 10001 esp \
-    && useradd --system --uid 10001 --gid esp --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin esp
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -49,9 +45,12 @@ ENV PATH=/opt/venv/bin:$PATH \
     ESP_HOST=0.0.0.0 \
     ESP_PORT=8000 \
     ESP_BUNDLE=/models/bundle \
-    ESP_BACKEND=cupy \
+    ESP_BACKEND=auto \
+    ESP_ENCODER_DEVICE=auto \
     NVIDIA_VISIBLE_DEVICES=all \
     NVIDIA_DRIVER_CAPABILITIES=compute,utility
+RUN groupadd --system --gid 10001 esp \
+    && useradd --system --uid 10001 --gid esp --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin esp
 COPY --from=deps /opt/venv /opt/venv
 COPY --chown=root:root ${BUNDLE} /models/bundle
 USER 10001:10001

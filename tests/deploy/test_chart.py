@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from deploy.chart import CHART_DIR, documents, render, scenario_values, scenarios
+from service.engine import AUTO_ORDER
 from service.registry.loader import parse_text
 from service.registry.model import Registry
 from subspace.layout import SubspaceLayout
@@ -152,13 +153,17 @@ def test_pvc_source_needs_a_claim() -> None:
         render({"bundle": {"source": "pvc"}})
 
 
-def test_gpu_pods_get_one_gpu_the_cuda_image_and_cupy() -> None:
+def test_gpu_pods_get_one_gpu_the_cuda_image_and_cupy_with_a_cpu_fallback() -> None:
     values = scenario_values("gpu")
     c = container(values)
     assert c["resources"]["limits"]["nvidia.com/gpu"] == 1
     assert c["resources"]["limits"]["memory"] == values["resources"]["limits"]["memory"]  # merged, not replaced
     assert c["image"].endswith(":0.1.0-cuda")
-    assert env_config(values)["ESP_BACKEND"] == "cupy"
+    env = env_config(values)
+    # auto: cupy first, then CPU backends (a pod on a node without a usable GPU still starts)
+    assert env["ESP_BACKEND"] == "auto"
+    order = AUTO_ORDER[env["ESP_PRECISION"]]
+    assert order[0] == "cupy" and len(order) > 1
     assert c["command"][:2] == ["esp", "serve"]  # one process per pod, so one per GPU
     tolerations = deployment(values)["spec"]["template"]["spec"]["tolerations"]
     assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in tolerations

@@ -87,8 +87,24 @@ def test_cpu_images_take_torch_from_the_cpu_index() -> None:
         text = (REPO_ROOT / "docker" / name).read_text(encoding="utf-8")
         assert "ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu" in text
         assert '--index-url "${TORCH_INDEX}"' in text and "--exclude torch" in text
+
+
+def test_cuda_image_has_the_cpu_image_python_and_pins() -> None:
+    """Same base image (so the same Python), the same serve pins (torch's version included, from
+    PyPI: its CUDA build), cupy pinned exactly, and ``auto`` so a GPU-less node still serves."""
+    cpu = (REPO_ROOT / "docker" / "service.Dockerfile").read_text(encoding="utf-8")
     cuda = (REPO_ROOT / "docker" / "service-cuda.Dockerfile").read_text(encoding="utf-8")
-    assert "FROM ${CUDA_IMAGE}" in cuda and "cupy-cuda12x==" in cuda and "ESP_BACKEND=cupy" in cuda
+    base = re.compile(r"^ARG PYTHON_IMAGE=(\S+)$", re.M)
+    assert base.findall(cuda) == base.findall(cpu) and len(base.findall(cpu)) == 1
+    assert [a for w, a in instructions(REPO_ROOT / "docker" / "service-cuda.Dockerfile") if w == "FROM"] == [
+        "${PYTHON_IMAGE} AS deps",
+        "${PYTHON_IMAGE}",
+    ]
+    assert "python deploy/pins.py serve > /tmp/serve.txt" in cuda and "--exclude torch" not in cuda
+    assert "TORCH_INDEX" not in cuda  # torch==<pin> from PyPI: the CUDA wheel of the tested version
+    assert re.search(r'"cupy-cuda\d+x==\$\{CUPY_VERSION\}"', cuda)
+    assert re.search(r"^ARG CUPY_VERSION=\d+\.\d+\.\d+$", cuda, re.M)
+    assert "ESP_BACKEND=auto" in cuda and "ESP_BACKEND=cupy" not in cuda
 
 
 def _ignored(rel: str, patterns: list[str]) -> bool:
