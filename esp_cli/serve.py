@@ -4,7 +4,9 @@ Options become ``ESP_*`` settings (service/config.py); anything not given here c
 environment. The admin token is read from ``ESP_ADMIN_TOKEN`` only, never from the command
 line (where ``ps`` would show it). The bundle's manifest is checked before the server starts,
 so a wrong path fails at once; the full validation (checksums, engine, encoder, warm-up) runs
-in the server, and ``/readyz`` turns 200 when it is done.
+in the server, and ``/readyz`` turns 200 when it is done. HTTP limits (header size and count,
+header and body read timeouts, keep-alive, connections, lingering close) come from the
+``ESP_*`` settings too (:func:`http_options`).
 
 Example: esp serve --bundle artifacts/demo/bundle --port 8000 --backend numpy
 """
@@ -14,9 +16,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import TYPE_CHECKING, Any
 
 from service.engine import BACKENDS, PRECISIONS
 from subspace.bundle import BundleError, read_manifest
+
+if TYPE_CHECKING:
+    from service.config import Settings
 
 #: option dest -> settings environment variable
 _ENV = {
@@ -101,5 +107,28 @@ def run(args: argparse.Namespace) -> int:
         log_config=log_config(settings.log_format, args.log_level),
         access_log=not args.no_access_log,
         timeout_graceful_shutdown=15,
+        **http_options(settings),
     )
     return 0
+
+
+def http_options(settings: Settings) -> dict[str, Any]:
+    """uvicorn's options for the HTTP limits of ``settings`` (README "HTTP limits").
+
+    The protocol is :class:`service.http_limits.LimitedHttpToolsProtocol` (header size, count
+    and read timeouts, body read timeout, lingering close), named by import string so worker
+    processes import it and read the same ``ESP_*`` settings; without httptools, uvicorn's h11
+    protocol with its header size limit. Keep-alive and concurrency are uvicorn's own options.
+    """
+    try:
+        import httptools  # noqa: F401
+    except ImportError:  # pragma: no cover - httptools comes with uvicorn[standard]
+        http = "h11"
+    else:
+        http = "service.http_limits:LimitedHttpToolsProtocol"
+    return {
+        "http": http,
+        "h11_max_incomplete_event_size": settings.max_header_bytes,
+        "timeout_keep_alive": settings.keep_alive_seconds,
+        "limit_concurrency": settings.max_connections,
+    }

@@ -18,7 +18,22 @@ traffic would only pay the window as latency, so their job goes at once. Jobs th
 while the worker is busy are always taken together.
 
 The queue is bounded in *queries*: when a request would overflow it, the caller gets 429 with
-``Retry-After`` instead of a growing queue (docs/architecture.md section 3).
+``Retry-After`` instead of a growing queue (docs/architecture.md section 3). It is also bounded
+in *time*: with a ``latency_budget_ms``, a request is refused (429) when the queries ahead of it
+would take longer than the budget at the measured engine throughput (seconds per query over the
+recent batches), and ``Retry-After`` is the time that queue needs to drain at that rate; so what
+is admitted is answered in about the budget instead of waiting seconds behind work that cannot
+finish in any useful time.
+
+Fairness: a request is queued as slices of at most ``max_batch`` queries, and the queue is
+round-robin over requests: after one slice of a large request is taken, the request goes to
+the back, so a one-query search waits for at most one slice of each request ahead of it.
+
+A request whose client disconnects while its queries wait is dropped from the queue (the
+route passes the ASGI ``receive``; a watcher awaits ``http.disconnect``) and answered with
+:class:`~service.errors.ClientClosedError`; slices already in the engine finish. Each batch
+holds its states (:meth:`ServingState.acquire`) while it runs, so a retired engine is closed
+only after its last batch.
 """
 
 from __future__ import annotations
@@ -30,13 +45,14 @@ import logging
 import statistics
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
-from service.errors import NotReadyError, OverloadedError
+from service.errors import ClientClosedError, NotReadyError, OverloadedError
 from service.metrics import Metrics
 from service.state import ServingState
 from subspace.scoring import normalize_blocks
@@ -45,6 +61,10 @@ log = logging.getLogger(__name__)
 
 _RECENT_SECONDS = 0.1  # arrivals older than this say nothing about the next one
 _RECENT_MAX = 64  # arrival times kept
+_RATE_BATCHES = 32  # recent batches the throughput is measured over
+_RATE_SECONDS = 5.0  # ... and no older than this
+
+Receive = Callable[[], Awaitable[dict[str, Any]]]
 
 
 @dataclass(frozen=True)
@@ -66,12 +86,38 @@ class QueryHits:
 
 
 @dataclass(eq=False)
+class Request:
+    """One submitted request: its result rows and the slices still to answer."""
+
+    future: asyncio.Future[list[QueryHits]]
+    size: int
+    slices: deque[Job] = field(default_factory=deque)
+    results: list[QueryHits | None] = field(default_factory=list)
+    open_slices: int = 0
+
+    def deliver(self, job: Job, hits: list[QueryHits] | BaseException) -> None:
+        """A slice's answer; the request's future resolves with the last one (or the first error)."""
+        if self.future.done():
+            return
+        if isinstance(hits, BaseException):
+            self.future.set_exception(hits)
+            return
+        self.results[job.offset : job.offset + job.size] = hits
+        self.open_slices -= 1
+        if self.open_slices == 0:
+            self.future.set_result(self.results)  # type: ignore[arg-type]
+
+
+@dataclass(eq=False)
 class Job:
+    """One slice (at most ``max_batch`` queries) of a :class:`Request`, scored on ``state``."""
+
     state: ServingState
     queries: Sequence[QueryInput]
     block_weights: np.ndarray
     k: int
-    future: asyncio.Future[list[QueryHits]]
+    request: Request
+    offset: int = 0
 
     @property
     def size(self) -> int:
@@ -163,20 +209,25 @@ class MicroBatcher:
         max_wait_ms: float,
         queue_size: int,
         gather: bool = True,
+        latency_budget_ms: float | None = None,
     ) -> None:
         self.metrics = metrics
         self.max_batch = max_batch
         self.max_wait = max_wait_ms / 1000.0
         self.queue_size = queue_size
         self.gather = gather
-        self._queue: deque[Job] = deque()
+        self.latency_budget = latency_budget_ms / 1000.0 if latency_budget_ms is not None else None
+        self._queue: deque[Request] = deque()
         self._depth = 0
         self._wakeup = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._executor: ThreadPoolExecutor | None = None
         self._closed = False
         self._inflight: list[Job] = []
+        self._inflight_since = 0.0
         self._arrivals: deque[float] = deque(maxlen=_RECENT_MAX)
+        self._batches: deque[tuple[float, int, float]] = deque(maxlen=_RATE_BATCHES)  # (end, nq, seconds)
+        self.dropped = 0  # queries dropped because their client went away
         metrics.queue_capacity.set(queue_size)
         metrics.queue_depth.set(0)
 
@@ -189,30 +240,104 @@ class MicroBatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="esp-engine")
         self._task = asyncio.create_task(self._run(), name="esp-micro-batcher")
 
+    def seconds_per_query(self, now: float | None = None) -> float | None:
+        """Engine seconds per query over the recent batches (``None`` before any was measured)."""
+        now = time.monotonic() if now is None else now
+        recent = [(n, dt) for end, n, dt in self._batches if now - end <= _RATE_SECONDS]
+        queries = sum(n for n, _ in recent)
+        return sum(dt for _, dt in recent) / queries if queries else None
+
+    def expected_wait(self, n: int, now: float | None = None) -> float:
+        """Seconds until ``n`` more queries would be answered: the queue ahead of them, the rest
+        of the batch in the engine, and their own, at the measured rate (0 when unmeasured)."""
+        now = time.monotonic() if now is None else now
+        spq = self.seconds_per_query(now)
+        if spq is None:
+            return 0.0
+        inflight = sum(j.size for j in self._inflight)
+        left = max(0.0, inflight * spq - (now - self._inflight_since)) if inflight else 0.0
+        return (self._depth + n) * spq + left
+
+    def _admit(self, n: int) -> None:
+        if self._depth + n > self.queue_size:
+            spq = self.seconds_per_query()
+            raise OverloadedError(
+                f"overloaded: {self._depth} queries are waiting and the queue holds "
+                f"{self.queue_size}; retry later",
+                retry_after=max(1.0, (self._depth * spq) if spq else 1.0),
+            )
+        if self.latency_budget is None or (self._depth == 0 and not self._inflight):
+            return  # an idle engine takes the request at once, whatever it costs
+        wait = self.expected_wait(n)
+        if wait > self.latency_budget:
+            self.metrics.queue_depth.set(self._depth)
+            raise OverloadedError(
+                f"overloaded: the {self._depth} queries ahead would take about {wait * 1000:.0f} ms at the "
+                f"measured throughput, over the latency budget of {self.latency_budget * 1000:.0f} ms "
+                "(setting ESP_LATENCY_BUDGET_MS); retry later",
+                retry_after=wait,
+            )
+
     async def submit(
-        self, state: ServingState, queries: Sequence[QueryInput], block_weights: np.ndarray, k: int
+        self,
+        state: ServingState,
+        queries: Sequence[QueryInput],
+        block_weights: np.ndarray,
+        k: int,
+        receive: Receive | None = None,
     ) -> list[QueryHits]:
         """Queue the queries; return one :class:`QueryHits` per query, in order.
 
-        Raises :class:`OverloadedError` (429, Retry-After) when the queue cannot take them and
-        :class:`NotReadyError` (503) once the batcher is stopping.
+        Raises :class:`OverloadedError` (429, Retry-After) when the queue cannot take them or
+        they would wait longer than the latency budget, :class:`NotReadyError` (503) once the
+        batcher is stopping, and :class:`ClientClosedError` when ``receive`` (the request's
+        ASGI receive) reports a disconnect while they wait.
         """
         if self._closed or self._task is None:
             raise NotReadyError("the service is shutting down")
         n = len(queries)
-        if self._depth + n > self.queue_size:
-            raise OverloadedError(
-                f"overloaded: {self._depth} queries are waiting and the queue holds "
-                f"{self.queue_size}; retry later",
-                retry_after=1.0,
-            )
-        future: asyncio.Future[list[QueryHits]] = asyncio.get_running_loop().create_future()
-        self._queue.append(Job(state, queries, block_weights, k, future))
+        self._admit(n)
+        waits = bool(self._queue or self._inflight)
+        loop = asyncio.get_running_loop()
+        req = Request(loop.create_future(), n, results=[None] * n)
+        step = self.max_batch
+        for off in range(0, n, step):
+            req.slices.append(Job(state, queries[off : off + step], block_weights, k, req, off))
+        req.open_slices = len(req.slices)
+        self._queue.append(req)
         self._arrivals.append(time.monotonic())
         self._depth += n
         self.metrics.queue_depth.set(self._depth)
         self._wakeup.set()
-        return await future
+        if receive is None or not waits:
+            return await req.future
+        watcher = loop.create_task(self._watch(req, receive))
+        try:
+            return await req.future
+        finally:
+            watcher.cancel()
+
+    async def _watch(self, req: Request, receive: Receive) -> None:
+        """Drop ``req``'s waiting slices when its client disconnects."""
+        while not req.future.done():
+            message = await receive()
+            if message.get("type") == "http.disconnect":
+                self.abandon(req)
+                return
+
+    def abandon(self, req: Request) -> None:
+        """The client is gone: its slices still queued are dropped, the request answered with
+        :class:`ClientClosedError` (slices in the engine finish and are discarded)."""
+        waiting = sum(j.size for j in req.slices)
+        if waiting:
+            req.slices.clear()
+            with contextlib.suppress(ValueError):
+                self._queue.remove(req)
+            self._depth -= waiting
+            self.dropped += waiting
+            self.metrics.queue_depth.set(self._depth)
+        if not req.future.done():
+            req.future.set_exception(ClientClosedError("the client closed the connection before the answer"))
 
     async def _wait_for_job(self, timeout: float | None) -> bool:
         self._wakeup.clear()
@@ -231,10 +356,18 @@ class MicroBatcher:
             return False
         return statistics.median(b - a for a, b in itertools.pairwise(recent)) < self.max_wait
 
+    def _pop_slice(self) -> Job:
+        """The next slice, round-robin: a request with slices left goes to the back."""
+        req = self._queue.popleft()
+        job = req.slices.popleft()
+        if req.slices:
+            self._queue.append(req)
+        return job
+
     async def _take_batch(self) -> list[Job]:
         while not self._queue:
             await self._wait_for_job(None)
-        batch = [self._queue.popleft()]
+        batch = [self._pop_slice()]
         size = batch[0].size
         if self.gather:
             now = time.monotonic()
@@ -245,9 +378,9 @@ class MicroBatcher:
                     if remaining <= 0 or not await self._wait_for_job(remaining):
                         break
                     continue
-                if size + self._queue[0].size > self.max_batch:
+                if size + self._queue[0].slices[0].size > self.max_batch:
                     break
-                job = self._queue.popleft()
+                job = self._pop_slice()
                 batch.append(job)
                 size += job.size
         self._depth -= size
@@ -259,18 +392,29 @@ class MicroBatcher:
         while True:
             batch = await self._take_batch()
             self._inflight = batch
+            self._inflight_since = time.monotonic()
+            states = {id(j.state): j.state for j in batch}
+            held = [s for s in states.values() if s.acquire()]  # a retired engine outlives this batch
+            closed = {id(s) for s in states.values()} - {id(s) for s in held}
+            runnable = [j for j in batch if id(j.state) not in closed]
+            results: list[list[QueryHits] | BaseException] = []
             try:
-                results = await loop.run_in_executor(self._executor, run_batch, batch, self.metrics)
+                if runnable:
+                    results = await loop.run_in_executor(self._executor, run_batch, runnable, self.metrics)
             except Exception as exc:  # the executor itself failed; answer, keep serving
                 log.exception("micro-batch worker failed")
-                results = [exc] * len(batch)
-            for job, res in zip(batch, results, strict=True):
-                if job.future.done():  # the caller went away
-                    continue
-                if isinstance(res, BaseException):
-                    job.future.set_exception(res)
-                else:
-                    job.future.set_result(res)
+                results = [exc] * len(runnable)
+            finally:
+                for s in held:
+                    s.release()
+            end = time.monotonic()
+            nq = sum(j.size for j in runnable)
+            if nq:
+                self._batches.append((end, nq, end - self._inflight_since))
+            answers = dict(zip(map(id, runnable), results, strict=True))
+            for job in batch:
+                res = answers.get(id(job), NotReadyError("the bundle was replaced; retry", retry_after=1.0))
+                job.request.deliver(job, res)
             self._inflight = []
 
     async def stop(self, drain_seconds: float = 10.0) -> None:
@@ -283,12 +427,13 @@ class MicroBatcher:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
-        left = [*self._inflight, *self._queue]
+        left = [j.request for j in self._inflight] + list(self._queue)
         self._queue.clear()
         self._inflight = []
-        for job in left:
-            if not job.future.done():
-                job.future.set_exception(NotReadyError("the service is shutting down"))
+        for req in left:
+            req.slices.clear()
+            if not req.future.done():
+                req.future.set_exception(NotReadyError("the service is shutting down"))
         self._depth = 0
         self.metrics.queue_depth.set(0)
         if self._executor is not None:

@@ -5,7 +5,13 @@ encoder, warm-up) on a worker thread, checks that the operating-point registry s
 new layout, then, in one step on the event loop: hands the bundle to the registry watcher,
 swaps the state reference, and updates the bundle metrics. Any failure before the swap leaves
 the served state untouched and is raised as :class:`~service.errors.ReloadRefusedError`
-(409) with the reason. Reloads are serialised by the holder's lock.
+(409) with the reason. Reloads are serialised by the holder's lock. After the swap the old
+state is retired: its engine closes once the requests that hold it have been answered
+(:meth:`service.state.ServingState.retire`).
+
+A bundle without a query encoder replacing one with an encoder is refused (every text query
+would fail) unless ``ESP_ALLOW_NO_ENCODER`` says vectors-only serving is intended. Paths and
+reasons are logged quoted (``%r``), so a newline in a request's ``path`` cannot forge log lines.
 """
 
 from __future__ import annotations
@@ -19,6 +25,7 @@ from service.config import Settings
 from service.errors import ReloadRefusedError
 from service.metrics import Metrics
 from service.state import ServingState, StateHolder, load_state
+from subspace.bundle import ENCODER, BundleError, read_manifest
 
 log = logging.getLogger(__name__)
 
@@ -30,7 +37,22 @@ def publish_bundle_metrics(metrics: Metrics, state: ServingState) -> None:
     metrics.ready.set(1)
 
 
-def _load_checked(path: Path, settings: Settings, registry: Any, check_registry: bool) -> ServingState:
+def check_encoder_kept(path: Path, served: ServingState | None, settings: Settings) -> None:
+    """Refuse an encoder-less bundle in place of one that has an encoder, unless allowed."""
+    if served is None or served.encoder is None or settings.allow_no_encoder:
+        return
+    if not (Path(path) / ENCODER).is_dir():
+        raise BundleError(
+            f"{ENCODER}/: the bundle has no query encoder but the served bundle {served.version} has one, "
+            "so every text query would fail; set ESP_ALLOW_NO_ENCODER=true to serve vector queries only"
+        )
+
+
+def _load_checked(
+    path: Path, settings: Settings, registry: Any, check_registry: bool, served: ServingState | None
+) -> ServingState:
+    read_manifest(path)  # a path that is no bundle is named as such first
+    check_encoder_kept(path, served, settings)
     state = load_state(path, settings)
     if check_registry and registry is not None:
         registry.check_bundle(state.bundle)  # RegistryError when the file does not fit the new layout
@@ -52,18 +74,20 @@ async def load_and_activate(
     async with holder.reload_lock:
         old = holder.current
         try:
-            new = await asyncio.to_thread(_load_checked, path, settings, registry, check_registry)
+            new = await asyncio.to_thread(_load_checked, path, settings, registry, check_registry, old)
         except Exception as exc:
             metrics.bundle_reloads.labels(result="failure").inc()
             kept = f"still serving bundle {old.version}" if old is not None else "no bundle is served"
             reason = f"{type(exc).__name__}: {exc}"
-            log.error("bundle at %s refused (%s): %s", path, kept, reason)
+            log.error("bundle at %r refused (%s): %r", str(path), kept, reason)
             if old is None:
                 holder.error = f"bundle at {path} refused: {reason}"
             raise ReloadRefusedError(f"bundle at {path} refused ({kept}): {reason}") from None
         if registry is not None:
             registry.set_bundle(new.bundle)
         holder.swap(new)
+        if old is not None and old is not new:
+            old.retire()  # closed now, or when the last request holding it is answered
         publish_bundle_metrics(metrics, new)
         metrics.bundle_reloads.labels(result="success").inc()
         log.info("serving bundle %s (was %s)", new.version, old.version if old is not None else "none")

@@ -78,23 +78,20 @@ class MetricsMiddleware:
             metrics.child(metrics.request_duration, template).observe(time.perf_counter() - t0)
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any]) -> None:
+async def _send_json(send: Send, status: int, body: dict[str, Any], *, close: bool = False) -> None:
     payload = json.dumps(body).encode()
-    await send(
-        {
-            "type": "http.response.start",
-            "status": status,
-            "headers": [
-                (b"content-type", b"application/json"),
-                (b"content-length", str(len(payload)).encode()),
-            ],
-        }
-    )
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    if close:  # the body was not read: the server closes (lingering) instead of reading it all
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": payload})
 
 
 class BodyLimitMiddleware:
     """413 for bodies over ``max_bytes``: by ``Content-Length`` up front, else counted as streamed.
+
+    The 413 says ``Connection: close``: the rest of the body is not read; the HTTP protocol
+    (:mod:`service.http_limits`) closes lingering, so a client still sending reads the 413.
 
     Without a Content-Length (a chunked upload) the body, bounded by the limit, is read before
     the app runs and replayed to it, so an upload that grows past the limit is refused before
@@ -123,7 +120,7 @@ class BodyLimitMiddleware:
             except ValueError:
                 too_big = False  # the server rejects a malformed Content-Length itself
             if too_big:
-                await _send_json(send, 413, self._too_large())
+                await _send_json(send, 413, self._too_large(), close=True)
                 return
             if declared.isdigit():  # the HTTP server delivers exactly Content-Length bytes: no counting
                 await self.app(scope, receive, send)
@@ -137,7 +134,7 @@ class BodyLimitMiddleware:
                 break
             total += len(message.get("body", b""))
             if total > self.max_bytes:
-                await _send_json(send, 413, self._too_large())
+                await _send_json(send, 413, self._too_large(), close=True)
                 return
             buffered.append(message)
             if not message.get("more_body", False):

@@ -5,12 +5,23 @@
 search) before anyone sees it, so a hot reload happens *beside* the served state and the
 swap in :class:`StateHolder` is one reference assignment. Every micro-batch captures the
 state it started with, so requests in flight finish on the bundle they were validated against.
+
+Lifetime: a request holds its state (:meth:`ServingState.acquire` / :meth:`~ServingState.release`)
+from validation until its answer is built. A reload *retires* the old state; the last release
+of a retired state closes its engine (worker threads, faiss's copy of the corpus), so nothing
+of a replaced bundle outlives the batches that use it.
+
+What is served cannot change under the service: the bundle is read as a private snapshot
+(:func:`subspace.bundle.read_bundle` with ``snapshot=True``: embeddings, ids and docs read once,
+hashed as read), its version is checked against its checksums, and a bundle that its group or
+everyone may write is refused (``ESP_BUNDLE_PERMISSIONS=warn`` only logs it).
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
@@ -21,7 +32,7 @@ import numpy as np
 
 from service.config import Settings
 from service.engine import Backend, SearchResult, create_engine
-from subspace.bundle import Bundle, read_bundle
+from subspace.bundle import Bundle, BundleError, read_bundle, writable_by_others
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 
@@ -40,6 +51,47 @@ class ServingState:
     docs: list[dict[str, Any]] | None
     load_seconds: float = 0.0
     loaded_at: float = field(default_factory=time.time)
+    _life: _Lifetime = field(default_factory=lambda: _Lifetime(), repr=False)  # noqa: PLW0108 - defined below
+
+    def acquire(self) -> bool:
+        """Count one more user; ``False`` (nothing counted) when the state is already closed."""
+        life = self._life
+        with life.lock:
+            if life.closed:
+                return False
+            life.users += 1
+            return True
+
+    def release(self) -> None:
+        """One user fewer; the last one of a retired state closes it."""
+        life = self._life
+        with life.lock:
+            life.users -= 1
+            close = life.retired and life.users <= 0 and not life.closed
+            life.closed = life.closed or close
+        if close:
+            self._close()
+
+    def retire(self) -> None:
+        """No new user will come (the state was replaced): close now, or at the last release."""
+        life = self._life
+        with life.lock:
+            life.retired = True
+            close = life.users <= 0 and not life.closed
+            life.closed = life.closed or close
+        if close:
+            self._close()
+
+    @property
+    def closed(self) -> bool:
+        return self._life.closed
+
+    def _close(self) -> None:
+        try:
+            self.engine.close()
+        except Exception:  # closing must never fail a request
+            log.exception("closing the engine of bundle %s failed", self.version)
+        log.info("bundle %s retired: engine %s closed", self.version, self.engine.name)
 
     @property
     def version(self) -> str:
@@ -66,6 +118,18 @@ class ServingState:
     def search(self, queries: np.ndarray, block_weights: np.ndarray, k: int) -> SearchResult:
         """``queries (nq, D)`` block-normalised, ``block_weights (K,)|(nq, K)`` -> top ``k``."""
         return self.engine.search(queries, block_weights, k)
+
+
+class _Lifetime:
+    """Users of one :class:`ServingState`, and whether it is retired or closed (any thread)."""
+
+    __slots__ = ("closed", "lock", "retired", "users")
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.users = 0
+        self.retired = False
+        self.closed = False
 
 
 def _load_encoder(bundle: Bundle, device: str = "auto") -> Any | None:
@@ -100,6 +164,21 @@ def warm_up(state: ServingState) -> None:
         raise ValueError(f"engine warm-up returned {res.rows.shape[0]} rows for {q.shape[0]} queries")
 
 
+def check_permissions(path: Path, settings: Settings) -> None:
+    """Refuse (or, with ``bundle_permissions="warn"``, log) a bundle others may write."""
+    loose = writable_by_others(path)
+    if not loose:
+        return
+    shown = ", ".join(repr(p) for p in loose[:3]) + (f" (+{len(loose) - 3} more)" if len(loose) > 3 else "")
+    message = (
+        f"{shown}: writable by group or others, so someone else could change what is served "
+        "(chmod go-w; or set ESP_BUNDLE_PERMISSIONS=warn to serve it anyway)"
+    )
+    if settings.bundle_permissions == "refuse":
+        raise BundleError(message)
+    log.warning("bundle at %r: %s", str(path), message)
+
+
 def load_state(path: str | Path, settings: Settings) -> ServingState:
     """Read, validate (checksums included), build engine and encoder, warm up. Blocking.
 
@@ -107,7 +186,8 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
     nothing is swapped in by this function.
     """
     t0 = time.perf_counter()
-    bundle = read_bundle(path, mmap=True, verify_checksums=True)
+    check_permissions(Path(path), settings)
+    bundle = read_bundle(path, snapshot=True, verify_checksums=True)
     engine = create_engine(
         settings.backend,
         bundle.embeddings,
@@ -115,16 +195,20 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
         precision=settings.precision,
         threads=settings.threads,
     )
-    encoder = _load_encoder(bundle, settings.encoder_device)
-    if encoder is not None:
-        _check_encoder(encoder, bundle.layout)
-    state = ServingState(bundle=bundle, engine=engine, encoder=encoder, docs=bundle.docs())
-    warm_up(state)
+    try:
+        encoder = _load_encoder(bundle, settings.encoder_device)
+        if encoder is not None:
+            _check_encoder(encoder, bundle.layout)
+        state = ServingState(bundle=bundle, engine=engine, encoder=encoder, docs=bundle.docs())
+        warm_up(state)
+    except BaseException:
+        engine.close()  # a refused bundle leaves nothing running
+        raise
     seconds = time.perf_counter() - t0
     log.info(
-        "bundle %s loaded from %s: %d docs, backend %s/%s, encoder %s, %.2fs",
+        "bundle %s loaded from %r: %d docs, backend %s/%s, encoder %s, %.2fs",
         bundle.version,
-        bundle.path,
+        str(bundle.path),
         state.num_docs,
         engine.name,
         engine.precision,

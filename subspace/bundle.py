@@ -11,15 +11,25 @@ A bundle is a directory::
 
 It is written atomically (a temporary sibling directory renamed into place) and read back
 with every check the service needs before it swaps a bundle in: checksums, shapes, dtype,
-layout, ids. Every problem is one :class:`BundleError` naming the file or field. No pickle.
+layout, ids, and the ``version``, which is derived from the checksums (:func:`content_version`),
+so a different bundle cannot reuse a version. Every problem is one :class:`BundleError` naming
+the file or field. No pickle.
+
+``read_bundle(..., snapshot=True)`` (what the service serves) reads the embeddings, ids and docs
+once into private memory, checks the sha256 of the bytes it read and parses those bytes: editing,
+replacing or truncating the files afterwards changes nothing that is served (a shared memory map
+would change results under the same version, or fault on truncation). :func:`writable_by_others`
+names the bundle's paths that users other than the owner could change.
 """
 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -49,13 +59,16 @@ class BundleError(FieldError):
 
 @dataclass(frozen=True)
 class Bundle:
-    """A validated bundle. ``embeddings`` is memory-mapped read-only unless loaded eagerly."""
+    """A validated bundle. ``embeddings`` is memory-mapped read-only unless loaded eagerly;
+    a ``snapshot`` holds the embeddings, ids and docs as read (and hashed) at load."""
 
     path: Path
     manifest: dict[str, Any]
     layout: SubspaceLayout
     embeddings: np.ndarray
     ids: list[str]
+    snapshot: bool = False
+    snapshot_docs: list[dict[str, Any]] | None = None
 
     @property
     def version(self) -> str:
@@ -72,12 +85,36 @@ class Bundle:
         return dict(self.manifest.get("operating_points") or {})
 
     def docs(self) -> list[dict[str, Any]] | None:
-        """Display payload per row, or ``None`` when the bundle has none."""
+        """Display payload per row, or ``None`` when the bundle has none (a snapshot's as read)."""
+        if self.snapshot:
+            return self.snapshot_docs
         p = self.path / DOCS
         if not p.exists():
             return None
         with p.open(encoding="utf-8") as fh:
             return [json.loads(line) for line in fh]
+
+
+def content_version(files: Mapping[str, str]) -> str:
+    """The version of a bundle whose files have these sha256 digests (what ``write_bundle`` writes)."""
+    return hashlib.sha256(json.dumps(dict(files), sort_keys=True).encode()).hexdigest()[:12]
+
+
+def writable_by_others(path: str | os.PathLike[str]) -> list[str]:
+    """The bundle directory and the files and folders under it that its group or everyone may
+    write (``mode & 0o022``), relative to it (``.`` for the directory itself)."""
+    root = Path(path)
+    out = []
+    for p in [root, *sorted(root.rglob("*"))]:
+        try:
+            mode = p.lstat().st_mode
+        except OSError:
+            continue
+        if stat.S_ISLNK(mode):
+            continue
+        if mode & (stat.S_IWGRP | stat.S_IWOTH):
+            out.append("." if p == root else p.relative_to(root).as_posix())
+    return out
 
 
 def sha256_file(path: Path) -> str:
@@ -157,7 +194,7 @@ def write_bundle(
         if encoder_dir is not None:
             shutil.copytree(encoder_dir, tmp / ENCODER)
         files = {rel: sha256_file(tmp / rel) for rel in _files_under(tmp)}
-        version = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()[:12]
+        version = content_version(files)
         manifest = {
             "format_version": FORMAT_VERSION,
             "version": version,
@@ -215,14 +252,50 @@ def read_manifest(path: str | os.PathLike[str]) -> dict[str, Any]:
     return manifest
 
 
+def _npy_from_bytes(data: bytes) -> np.ndarray:
+    """A ``.npy`` file's array, read-only over ``data`` (no copy, no pickle)."""
+    fh = io.BytesIO(data)
+    major, _minor = np.lib.format.read_magic(fh)
+    if major == 1:
+        shape, fortran, dtype = np.lib.format.read_array_header_1_0(fh)
+    elif major in (2, 3):
+        shape, fortran, dtype = np.lib.format.read_array_header_2_0(fh)
+    else:
+        raise ValueError(f"unsupported .npy format version {major}")
+    if dtype.hasobject:
+        raise ValueError("object arrays are not allowed (they would need pickle)")
+    count = int(np.prod(shape, dtype=np.int64))
+    offset = fh.tell()
+    if len(data) - offset < count * dtype.itemsize:
+        raise ValueError(f"{len(data) - offset} data bytes for shape {shape} of {dtype}")
+    arr = np.frombuffer(data, dtype=dtype, count=count, offset=offset)
+    return arr.reshape(shape, order="F" if fortran else "C")
+
+
+def _read_listed(root: Path, rel: str, listed: Mapping[str, str], verify: bool) -> bytes:
+    """A listed file's bytes, read once; with ``verify``, checked against its listed sha256."""
+    data = (root / rel).read_bytes()
+    if verify and hashlib.sha256(data).hexdigest() != listed[rel]:
+        raise BundleError(f"{rel}: sha256 mismatch (corrupt, truncated or modified file)")
+    return data
+
+
 def read_bundle(
-    path: str | os.PathLike[str], *, mmap: bool = True, verify_checksums: bool = True
+    path: str | os.PathLike[str],
+    *,
+    mmap: bool = True,
+    verify_checksums: bool = True,
+    snapshot: bool = False,
 ) -> Bundle:
     """Open and validate a bundle; raise :class:`BundleError` naming what is wrong.
 
     Checks, in order: manifest, layout, every listed file present (and no unlisted ones),
-    sha256 of each file, embeddings shape/dtype against the manifest and layout, ids.
+    sha256 of each file, embeddings shape/dtype against the manifest and layout, ids, and the
+    manifest's ``version`` against :func:`content_version` of its checksums.
     ``mmap=True`` maps the embeddings read-only (costs disk, not RAM, until touched).
+    ``snapshot=True`` (``mmap`` ignored): embeddings, ids and docs are read once into private
+    memory, hashed as read and parsed from those bytes, so the files may change afterwards
+    without changing what this :class:`Bundle` holds (the encoder's files are only hashed).
     """
     root = Path(path)
     manifest = read_manifest(root)
@@ -242,14 +315,20 @@ def read_bundle(
     extra = sorted(present - set(listed))
     if extra:
         raise BundleError(f"{extra[0]}: present in {root} but not listed in the manifest")
-    if verify_checksums:
-        for rel, digest in listed.items():
-            if sha256_file(root / rel) != digest:
-                raise BundleError(f"{rel}: sha256 mismatch (corrupt, truncated or modified file)")
+    private = {EMBEDDINGS, IDS, DOCS} if snapshot else set()
+    raw: dict[str, bytes] = {}
+    for rel, digest in listed.items():
+        if rel in private:
+            raw[rel] = _read_listed(root, rel, listed, verify_checksums)
+        elif verify_checksums and sha256_file(root / rel) != digest:
+            raise BundleError(f"{rel}: sha256 mismatch (corrupt, truncated or modified file)")
 
     corpus = manifest["corpus"]
     try:
-        emb = np.load(root / EMBEDDINGS, mmap_mode="r" if mmap else None, allow_pickle=False)
+        if snapshot:
+            emb = _npy_from_bytes(raw.pop(EMBEDDINGS))
+        else:
+            emb = np.load(root / EMBEDDINGS, mmap_mode="r" if mmap else None, allow_pickle=False)
     except (ValueError, OSError, EOFError) as exc:
         raise BundleError(f"{EMBEDDINGS}: unreadable ({exc})") from exc
     if emb.ndim != 2 or emb.shape[1] != layout.dim:
@@ -264,10 +343,37 @@ def read_bundle(
             f" (supported: {DTYPES})"
         )
     try:
-        ids = json.loads((root / IDS).read_text(encoding="utf-8"))
+        ids = json.loads(raw.pop(IDS) if snapshot else (root / IDS).read_text(encoding="utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
         raise BundleError(f"{IDS}: not valid JSON ({exc})") from exc
     if not isinstance(ids, list):
         raise BundleError(f"{IDS}: must be a JSON list of strings")
     ids = _check_ids(ids, emb.shape[0], IDS)
-    return Bundle(path=root, manifest=manifest, layout=layout, embeddings=emb, ids=ids)
+    docs: list[dict[str, Any]] | None = None
+    if snapshot and DOCS in raw:
+        docs = _parse_docs(raw.pop(DOCS), len(ids))
+    expected = content_version(listed)
+    if str(manifest["version"]) != expected:
+        raise BundleError(
+            f"{MANIFEST}: version {manifest['version']!r} is not the version of its files' checksums "
+            f"({expected!r}); a bundle's version is derived from its content (write it with write_bundle)"
+        )
+    return Bundle(
+        path=root, manifest=manifest, layout=layout, embeddings=emb, ids=ids, snapshot=snapshot,
+        snapshot_docs=docs,
+    )
+
+
+def _parse_docs(data: bytes, n: int) -> list[dict[str, Any]]:
+    docs = []
+    try:
+        for i, line in enumerate(data.decode("utf-8").splitlines()):
+            doc = json.loads(line)
+            if not isinstance(doc, dict):
+                raise BundleError(f"{DOCS}: line {i + 1} is not a JSON object")
+            docs.append(doc)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise BundleError(f"{DOCS}: not valid JSON lines ({exc})") from exc
+    if len(docs) != n:
+        raise BundleError(f"{DOCS}: {len(docs)} rows for {n} embedding rows")
+    return docs

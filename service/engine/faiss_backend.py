@@ -64,3 +64,10 @@ class FaissBackend(Backend):
             faiss.omp_set_num_threads(before_threads)
         scores = np.where(rows >= 0, scores, -np.inf).astype(np.float32)
         return rows.astype(np.int64), scores
+
+    def close(self) -> None:
+        """Free faiss's own copy of the corpus now (it is not Python memory: only ``reset``
+        returns it, whoever still holds the backend)."""
+        index = getattr(self, "index", None)
+        if index is not None:
+            index.reset()

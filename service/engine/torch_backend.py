@@ -13,8 +13,10 @@ here: the GPU path is the ``cupy`` backend.
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import warnings
+from collections.abc import Callable
 from typing import Any, ClassVar
 
 import numpy as np
@@ -61,8 +63,10 @@ class TorchBackend(ChunkedBackend):
     def _worker_limits(self) -> contextlib.AbstractContextManager[Any]:
         return blas_limiter(1)  # OpenBLAS's thread count is process-wide
 
-    def _init_worker(self) -> None:
-        self._torch.set_num_threads(1)  # per thread (OpenMP and MKL settings are thread-local)
+    def _worker_initializer(self) -> Callable[[], None]:
+        # per thread (OpenMP and MKL settings are thread-local); the torch function, not a bound
+        # method, so the pool's threads do not keep the backend alive
+        return functools.partial(self._torch.set_num_threads, 1)
 
     def _lowp_products(self, nq: int) -> bool:
         return self._dtype != self._torch.float32 and (self._native_lowp or nq <= self.direct_max_batch)

@@ -3,19 +3,25 @@
 Auth: ``Authorization: Bearer <ESP_ADMIN_TOKEN>``, compared in constant time
 (``hmac.compare_digest``). Missing or malformed header -> 401, wrong token -> 403. Without a
 configured token the admin routes answer 404 (disabled: nothing to guess). The token is never
-logged nor echoed in an error body.
+logged nor echoed in an error body. The token is checked from the headers *before* the body is
+read or parsed (:class:`AdminRoute`), so an unauthenticated caller learns nothing from how its
+body is judged (malformed JSON without a token is 401, not 422).
 """
 
 from __future__ import annotations
 
 import hmac
 import time
+from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Request
+from fastapi.routing import APIRoute
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.responses import Response
 
+from service.config import Settings
 from service.errors import ForbiddenError, NotFoundError, UnauthorizedError
 from service.lifecycle import load_and_activate
 from service.routes.deps import HolderDep, SettingsDep
@@ -25,20 +31,44 @@ from subspace.errors import FieldError
 _bearer = HTTPBearer(auto_error=False, description="ESP_ADMIN_TOKEN")
 
 
+def check_admin(settings: Settings, sent: str | None) -> None:
+    """404 without a configured token, 401 without credentials, 403 for a wrong token."""
+    token = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
+    if not token:
+        raise NotFoundError("admin routes are disabled: the service has no admin token configured")
+    if not sent:
+        raise UnauthorizedError("missing admin token: send the header 'Authorization: Bearer <token>'")
+    if not hmac.compare_digest(sent.encode(), token.encode()):
+        raise ForbiddenError("the admin token is not valid")
+
+
+def bearer_token(authorization: str | None) -> str | None:
+    """The credentials of an ``Authorization: Bearer <token>`` header (``None`` otherwise)."""
+    scheme, _, credentials = (authorization or "").partition(" ")
+    return credentials.strip() or None if scheme.lower() == "bearer" else None
+
+
 async def require_admin(
     settings: SettingsDep,
     credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
 ) -> None:
-    token = settings.admin_token.get_secret_value() if settings.admin_token is not None else ""
-    if not token:
-        raise NotFoundError("admin routes are disabled: the service has no admin token configured")
-    if credentials is None or not credentials.credentials:
-        raise UnauthorizedError("missing admin token: send the header 'Authorization: Bearer <token>'")
-    if not hmac.compare_digest(credentials.credentials.encode(), token.encode()):
-        raise ForbiddenError("the admin token is not valid")
+    check_admin(settings, credentials.credentials if credentials is not None else None)
 
 
-router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)])
+class AdminRoute(APIRoute):
+    """An :class:`APIRoute` that checks the admin token before FastAPI reads the body."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def checked(request: Request) -> Response:
+            check_admin(request.app.state.settings, bearer_token(request.headers.get("authorization")))
+            return await handler(request)
+
+        return checked
+
+
+router = APIRouter(tags=["admin"], dependencies=[Depends(require_admin)], route_class=AdminRoute)
 
 
 @router.post(

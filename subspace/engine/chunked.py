@@ -11,8 +11,9 @@ two levels of parallelism do not oversubscribe the cores.
 from __future__ import annotations
 
 import itertools
+import threading
 from abc import abstractmethod
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import AbstractContextManager, nullcontext
 from typing import Any
@@ -20,7 +21,7 @@ from typing import Any
 import numpy as np
 
 from subspace.engine._select import TopCandidates
-from subspace.engine.base import Backend
+from subspace.engine.base import Backend, BackendUnavailable
 
 _WORKING_SET = 1 << 20  # score-buffer floats per worker (4 MiB, cache-sized) when chunk_rows is not given
 _MAX_GROUP = 512  # queries scanned together; larger batches are split
@@ -30,6 +31,12 @@ class ChunkedBackend(Backend):
     """A :class:`Backend` whose scan is ``_chunk_scores`` over row chunks, in worker threads."""
 
     _pool: ThreadPoolExecutor | None = None
+    _closed: bool = False
+    _pool_lock: threading.Lock
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        self._pool_lock = threading.Lock()
+        super().__init__(*args, **kwargs)
 
     @abstractmethod
     def _prepare(self, scaled: np.ndarray, lowp_products: bool) -> Any:
@@ -47,8 +54,13 @@ class ChunkedBackend(Backend):
         """Context entered around a whole scan, e.g. one BLAS thread per worker."""
         return nullcontext()
 
-    def _init_worker(self) -> None:
-        """Runs once in each worker thread (per-thread settings, e.g. torch's thread count)."""
+    def _worker_initializer(self) -> Callable[[], None] | None:
+        """What runs once in each worker thread (per-thread settings, e.g. torch's thread count).
+
+        It must not hold the backend (no bound method): the pool's idle threads keep their
+        initializer alive, and a backend they kept alive would never be collected or closed.
+        """
+        return None
 
     def _chunk_for(self, nq: int) -> int:
         """Rows per step. One query streams long chunks; a batched product wants the corpus
@@ -100,29 +112,40 @@ class ChunkedBackend(Backend):
         # a single query runs the row-dot kernels (subspace.engine._gemv), which call no threaded
         # BLAS: skip the limiter, whose enter/exit costs more than a small scan
         with self._worker_limits() if nq > 1 else nullcontext():
-            if len(ranges) == 1:
-                sels = [work(ranges[0])]
-            else:
-                if self._pool is None:
-                    self._pool = ThreadPoolExecutor(
-                        self.threads, thread_name_prefix=f"esp-{self.name}", initializer=self._init_worker
-                    )
-                sels = list(self._pool.map(work, ranges))
+            sels = [work(ranges[0])] if len(ranges) == 1 else list(self._worker_pool().map(work, ranges))
         sels[0].absorb(sels[1:])
         return sels[0].result()
 
+    def _worker_pool(self) -> ThreadPoolExecutor:
+        with self._pool_lock:
+            if self._closed:
+                raise BackendUnavailable(f"{self.name}: the engine is closed")
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(
+                    self.threads, f"esp-{self.name}", initializer=self._worker_initializer()
+                )
+            return self._pool
+
     def set_threads(self, threads: int) -> None:
         super().set_threads(threads)
-        self.close()  # the pool is re-created with the new size on the next scan
+        self._stop_pool()  # the pool is re-created with the new size on the next scan
+
+    def _stop_pool(self) -> None:
+        with self._pool_lock:
+            pool, self._pool = self._pool, None
+        if pool is not None:
+            pool.shutdown(wait=False)
 
     def close(self) -> None:
-        """Stop the worker threads (also done at garbage collection)."""
-        if self._pool is not None:
-            self._pool.shutdown(wait=False)
-            self._pool = None
+        """Stop the worker threads for good (also done at garbage collection); later scans
+        that need them raise :class:`BackendUnavailable`. Idempotent."""
+        self._closed = True
+        self._stop_pool()
+        super().close()
 
     def __del__(self) -> None:
-        self.close()
+        if getattr(self, "_pool_lock", None) is not None:
+            self._stop_pool()
 
 
 def _chunks(span: tuple[int, int], chunk: int) -> Iterator[tuple[int, int]]:

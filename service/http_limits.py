@@ -1,0 +1,287 @@
+"""HTTP-level limits for uvicorn's httptools protocol: header size and count, header and body read
+timeouts, and a bounded lingering close.
+
+uvicorn bounds none of these on its httptools parser: a request line plus headers may grow
+without limit (the parser buffers a header value until it ends), a client that sends headers or
+a body slowly, or declares a ``Content-Length`` it never sends, holds its connection (and the
+request task waiting on the body) indefinitely, and a connection closed right after an early
+answer (413 before the body was read) is reset by the kernel, so a client still sending never
+reads the answer. :class:`LimitedHttpToolsProtocol` adds, per connection:
+
+- ``max_header_bytes`` (request line + headers) and ``max_headers`` (fields): 431, then close;
+- ``header_timeout_seconds`` from the first byte of a request (or from the connection's start)
+  until its headers are complete: 408, then close;
+- ``body_timeout_seconds`` of silence while a body is still expected (reading paused because
+  the app has not consumed it yet does not count): 408 when nothing was answered yet, then close;
+- a lingering close whenever the connection is closed while the request body is still arriving
+  (413 answered early, 408, 431): the write side is shut (the answer is followed by FIN, not
+  RST) and what the client still sends is read and dropped for up to ``linger_seconds`` (and
+  at most :data:`LINGER_MAX_BYTES`), so every client reads its answer.
+
+Settings come from the environment (:func:`service.config.get_settings`, what ``esp serve``
+sets), so the class can be named by its import string (``uvicorn --http
+service.http_limits:LimitedHttpToolsProtocol``), which worker processes can import too.
+Keep-alive and concurrency limits are uvicorn's own options (``timeout_keep_alive``,
+``limit_concurrency``), set by ``esp serve`` from the same settings.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import httptools
+from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
+
+from service.config import Settings, get_settings
+from service.errors import ErrorKind, error_body
+
+#: Bytes a lingering close reads (and drops) at most before it closes anyway.
+LINGER_MAX_BYTES = 64 * 1024 * 1024
+
+_KINDS = {408: ErrorKind.BAD_REQUEST, 431: ErrorKind.BAD_REQUEST}
+
+
+@dataclass(frozen=True)
+class HttpLimits:
+    max_header_bytes: int
+    max_headers: int
+    header_timeout: float
+    body_timeout: float
+    linger: float
+
+    @classmethod
+    def from_settings(cls, s: Settings) -> HttpLimits:
+        return cls(
+            s.max_header_bytes,
+            s.max_headers,
+            s.header_timeout_seconds,
+            s.body_timeout_seconds,
+            s.linger_seconds,
+        )
+
+
+class _Rejected(Exception):  # noqa: N818 - raised out of a parser callback, caught in data_received
+    pass
+
+
+class _LingeringTransport:
+    """The connection's transport as the request cycle sees it: ``close`` lingers while the
+    request body is still arriving; everything else is the transport's."""
+
+    def __init__(self, protocol: LimitedHttpToolsProtocol, transport: asyncio.Transport) -> None:
+        self._protocol = protocol
+        self._transport = transport
+
+    def close(self) -> None:
+        self._protocol.close_lingering()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._transport, name)
+
+
+class LimitedHttpToolsProtocol(HttpToolsProtocol):
+    """uvicorn's httptools protocol with the limits of the module doc."""
+
+    limits: ClassVar[HttpLimits | None] = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        cls = type(self)
+        if cls.limits is None:
+            cls.limits = HttpLimits.from_settings(get_settings())
+        self._limits: HttpLimits = cls.limits
+        self._in_head = True  # the bytes that come next belong to a request line and headers
+        self._head_bytes = 0
+        self._header_count = 0
+        self._rejection: tuple[int, str] | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._lingering = False
+        self._lingered = 0
+        self._linger_timer: asyncio.TimerHandle | None = None
+        self._body_pending = False  # headers complete, body not yet
+
+    # --- connection ------------------------------------------------------------------------
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        super().connection_made(transport)
+        self._arm_head_timer()  # a connection that never sends a request is closed too
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        for timer in (self._head_timer, self._body_timer, self._linger_timer):
+            if timer is not None:
+                timer.cancel()
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._lingering:
+            self._lingered += len(data)
+            if self._lingered > LINGER_MAX_BYTES:
+                self._transport_close()
+            return
+        self._unset_keepalive_if_required()
+        if self._in_head:
+            if self._head_timer is None:
+                self._arm_head_timer()
+            room = self._limits.max_header_bytes - self._head_bytes
+            if len(data) > room:
+                if not self._feed(data[: room + 1]) or self._lingering:
+                    return
+                if self._in_head:  # the head is still not complete past the limit
+                    limit = self._limits.max_header_bytes
+                    self._reject(431, f"request line and headers exceed {limit} bytes")
+                    return
+                self._feed(data[room + 1 :])
+                return
+            self._head_bytes += len(data)
+        self._feed(data)
+
+    def _feed(self, data: bytes) -> bool:
+        """Feed the parser; ``False`` when the connection was answered with an error."""
+        if not data:
+            return True
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserUpgrade:
+            if self._should_upgrade():
+                self.handle_websocket_upgrade()
+            else:
+                self._unsupported_upgrade_warning()
+            return False
+        except httptools.HttpParserError:
+            if self._rejection is not None:
+                status, message = self._rejection
+                self._reject(status, message)
+            else:
+                msg = "Invalid HTTP request received."
+                self.logger.warning(msg)
+                self.send_400_response(msg)
+            return False
+        return True
+
+    # --- parser callbacks ------------------------------------------------------------------
+    def on_message_begin(self) -> None:
+        super().on_message_begin()
+        self._header_count = 0
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._header_count += 1
+        if self._header_count > self._limits.max_headers:
+            self._rejection = (431, f"more than {self._limits.max_headers} header fields")
+            raise _Rejected
+        super().on_header(name, value)
+
+    def on_headers_complete(self) -> None:
+        self._in_head = False
+        self._cancel(self._head_timer)
+        self._head_timer = None
+        super().on_headers_complete()
+        if self.cycle is not None and not isinstance(self.cycle.transport, _LingeringTransport):
+            self.cycle.transport = _LingeringTransport(self, self.transport)  # type: ignore[assignment]
+        self._body_pending = True
+        self._arm_body_timer()
+
+    def on_body(self, body: bytes) -> None:
+        super().on_body(body)
+        self._arm_body_timer()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._body_pending = False
+        self._cancel(self._body_timer)
+        self._body_timer = None
+        self._in_head = True
+        self._head_bytes = 0
+
+    # --- timers ----------------------------------------------------------------------------
+    @staticmethod
+    def _cancel(timer: asyncio.TimerHandle | None) -> None:
+        if timer is not None:
+            timer.cancel()
+
+    def _arm_head_timer(self) -> None:
+        self._cancel(self._head_timer)
+        self._head_timer = self.loop.call_later(self._limits.header_timeout, self._head_timed_out)
+
+    def _head_timed_out(self) -> None:
+        self._head_timer = None
+        if self._in_head and not self.transport.is_closing() and not self._lingering:
+            if self.cycle is not None and not self.cycle.response_complete:
+                return  # a request is still being answered (pipelining); its own timers apply
+            if self._head_bytes == 0 and self.cycle is not None:
+                self.transport.close()  # an idle keep-alive connection: nothing to answer
+                return
+            self._reject(408, f"request headers not received within {self._limits.header_timeout:g} s")
+
+    def _arm_body_timer(self) -> None:
+        self._cancel(self._body_timer)
+        self._body_timer = self.loop.call_later(self._limits.body_timeout, self._body_timed_out)
+
+    def _body_timed_out(self) -> None:
+        self._body_timer = None
+        if not self._body_pending or self.transport.is_closing():
+            return
+        if self.flow is not None and self.flow.read_paused:
+            self._arm_body_timer()  # the app has not read what was sent: not the client's silence
+            return
+        cycle = self.cycle
+        message = f"request body not received: nothing sent for {self._limits.body_timeout:g} s"
+        if cycle is not None and not cycle.response_started:
+            self._write_error(408, message)
+        if cycle is not None:
+            cycle.disconnected = True  # the app's receive() answers http.disconnect
+            cycle.message_event.set()
+        self._transport_close()
+
+    # --- answers and closing -----------------------------------------------------------------
+    def _write_error(self, status: int, message: str) -> None:
+        payload = json.dumps(error_body(_KINDS.get(status, ErrorKind.BAD_REQUEST), message)).encode()
+        head = [STATUS_LINE[status]]
+        for name, value in self.server_state.default_headers:
+            head.extend([name, b": ", value, b"\r\n"])
+        head.extend(
+            [
+                b"content-type: application/json\r\n",
+                b"content-length: " + str(len(payload)).encode("ascii") + b"\r\n",
+                b"connection: close\r\n\r\n",
+                payload,
+            ]
+        )
+        self.transport.write(b"".join(head))
+
+    def _reject(self, status: int, message: str) -> None:
+        """Answer ``status`` (431, 408) before the app ran, then close lingering."""
+        self._rejection = None
+        self.logger.warning("HTTP %d: %s", status, message)
+        self._write_error(status, message)
+        self.close_lingering(force=True)
+
+    def close_lingering(self, force: bool = False) -> None:
+        """Close; if the client may still be sending the request, shut the write side first and
+        drop what arrives for up to ``linger_seconds``, so it reads the answer (no reset)."""
+        if self.transport.is_closing():
+            return
+        still_sending = force or self._body_pending
+        if not still_sending or self._limits.linger <= 0 or not self.transport.can_write_eof():
+            self._transport_close()
+            return
+        self._lingering = True
+        self._cancel(self._head_timer)
+        self._cancel(self._body_timer)
+        self._unset_keepalive_if_required()
+        self.transport.write_eof()
+        if self.flow is not None:
+            self.flow.resume_reading()
+        self._linger_timer = self.loop.call_later(self._limits.linger, self._transport_close)
+
+    def _transport_close(self) -> None:
+        if not self.transport.is_closing():
+            self.transport.close()
+
+    def on_response_complete(self) -> None:
+        if self._lingering:
+            self.server_state.total_requests += 1
+            return
+        super().on_response_complete()

@@ -1,0 +1,91 @@
+"""HTTP-level limits on the real server (esp serve, httptools): header size and count, header and
+body read timeouts, and a lingering close so a client still sending reads its 413."""
+
+from __future__ import annotations
+
+import socket
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+
+from bench.live_server import LiveServer
+from subspace.bundle import write_bundle
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+
+LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
+WAIT = 20.0  # socket timeout: far above the 1 s limits under test, so only a missing answer trips it
+
+
+@pytest.fixture(scope="module")
+def limited(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., LiveServer]) -> LiveServer:
+    emb = normalize_blocks(np.random.default_rng(0).standard_normal((200, 32)).astype(np.float32), LAYOUT)
+    bundle = write_bundle(tmp_path_factory.mktemp("http") / "b", LAYOUT, emb, [f"d{i}" for i in range(200)])
+    return server_factory(
+        bundle,
+        max_body_bytes=65536,
+        max_header_bytes=8192,
+        max_headers=50,
+        header_timeout_seconds=1,
+        body_timeout_seconds=1,
+        linger_seconds=5,
+    )
+
+
+def _exchange(server: LiveServer, data: bytes) -> bytes:
+    """Send ``data``, read until the server closes; what it answered."""
+    url = urlparse(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=WAIT) as s:
+        s.sendall(data)
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+        return out
+
+
+def _status(answer: bytes) -> int:
+    return int(answer.split(b" ", 2)[1])
+
+
+def test_oversized_headers_are_431_and_the_connection_closes(limited: LiveServer) -> None:
+    answer = _exchange(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n\r\n")
+    assert _status(answer) == 431
+    assert b"8192 bytes" in answer and b"connection: close" in answer.lower()
+
+
+def test_too_many_header_fields_are_431(limited: LiveServer) -> None:
+    fields = b"".join(b"X-F%d: 1\r\n" % i for i in range(80))
+    answer = _exchange(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
+    assert _status(answer) == 431 and b"more than 50 header fields" in answer
+
+
+def test_headers_never_completed_get_408_and_a_close(limited: LiveServer) -> None:
+    answer = _exchange(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the blank line never comes
+    assert _status(answer) == 408 and b"headers not received" in answer
+
+
+def test_a_body_shorter_than_its_content_length_gets_408(limited: LiveServer) -> None:
+    head = b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
+    answer = _exchange(limited, head + b'{"queries"')
+    assert _status(answer) == 408 and b"request body not received" in answer
+
+
+def test_a_client_that_sends_its_whole_oversized_body_reads_the_413(limited: LiveServer) -> None:
+    request = urllib.request.Request(  # urllib sends everything (Connection: close) before reading
+        f"{limited.url}/v1/search", data=b"x" * 4_000_000, headers={"Content-Type": "application/json"}
+    )
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(request, timeout=WAIT)
+    assert err.value.code == 413
+    assert b"larger than the limit of 65536 bytes" in err.value.read()
+
+
+def test_keep_alive_requests_within_the_limits_are_served(limited: LiveServer) -> None:
+    one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    answer = _exchange(limited, one + one + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.count(b"HTTP/1.1 200 OK") == 3
