@@ -35,6 +35,7 @@ from service.errors import (
     error_response,
     kind_for_status,
 )
+from service.exposure import ExposureLog
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
@@ -128,6 +129,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     metrics: Metrics = app.state.metrics
     metrics.ready.set(0)
     app.state.registry = RegistryWatcher(settings.registry, metrics, settings.registry_poll_seconds)
+    app.state.exposure = ExposureLog.from_settings(settings)
     app.state.batcher = MicroBatcher(
         metrics,
         max_batch=settings.max_batch,
@@ -153,6 +155,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
                 await loader
         await app.state.batcher.stop()
         await app.state.registry.stop()
+        app.state.exposure.close()
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

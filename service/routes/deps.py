@@ -16,6 +16,7 @@ from fastapi import Depends, Request
 from service.batching import MicroBatcher
 from service.config import Settings
 from service.errors import NotReadyError
+from service.exposure import ExposureLog
 from service.metrics import Metrics
 from service.registry import RegistryWatcher
 from service.state import ServingState, StateHolder
@@ -61,13 +62,17 @@ class SearchContext:
     batcher: MicroBatcher
     metrics: Metrics
     registry: RegistryWatcher
+    exposure: ExposureLog | None = None  # the exposure log (service.exposure)
 
 
 async def search_context(request: Request) -> SearchContext:
     """The served state (503 when none, as :func:`serving_state`) and the app's singletons."""
     state = await serving_state(request)
     app_state = request.app.state
-    return SearchContext(state, app_state.settings, app_state.batcher, app_state.metrics, app_state.registry)
+    return SearchContext(
+        state, app_state.settings, app_state.batcher, app_state.metrics, app_state.registry,
+        exposure=getattr(app_state, "exposure", None),
+    )
 
 
 SettingsDep = Annotated[Settings, Depends(app_settings)]

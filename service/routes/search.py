@@ -26,6 +26,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.batching import QueryHits, QueryInput
+from service.exposure import log_search_exposure
 from service.metrics import Metrics
 from service.routes.deps import SearchContext, SearchContextDep
 from service.schemas import Query, SearchRequest, SearchResponse, error_responses
@@ -244,6 +245,9 @@ async def run_search(body: SearchRequest, ctx: SearchContext) -> dict[str, Any]:
         metrics.experiment_request_duration.labels(experiment=resolved.experiment, arm=resolved.arm).observe(
             time.perf_counter() - started
         )
+    if exposure and ctx.exposure is not None:  # one record per exposure (service.exposure)
+        log_search_exposure(ctx.exposure, resolved=resolved, unit_id=body.unit_id, bundle_version=state.version,
+                            k=body.k, results=results, latency_seconds=time.perf_counter() - started)
     return {
         "results": results,
         "weights_used": resolved.weights_used,

@@ -1,0 +1,100 @@
+"""The exposure log: one JSON record per search served by an experiment arm, joined with the
+search responses by request id (live server writing a file), sampling by unit, hashing."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+
+from bench.live_server import LiveServer
+from service.config import Settings
+from service.exposure import ExposureLog, unit_sampled
+from subspace.bundle import read_bundle, write_bundle
+
+SALT = "exp-salt"
+
+
+def _vector(dim: int, seed: int) -> list[float]:
+    return np.random.default_rng(seed).standard_normal(dim).tolist()
+
+
+@pytest.fixture(scope="module")
+def exposure_server(
+    served_bundle: Path, registry_file: Path, server_factory: Callable[..., LiveServer],
+    tmp_path_factory: pytest.TempPathFactory,
+) -> tuple[LiveServer, Path]:
+    root = tmp_path_factory.mktemp("exposure")
+    b = read_bundle(served_bundle)  # vectors only: the server is ready in seconds
+    bundle = write_bundle(root / "bundle", b.layout, np.asarray(b.embeddings), b.ids)
+    path = root / "logs" / "exposure.jsonl"
+    server = server_factory(
+        bundle, registry=registry_file, exposure_log="file", exposure_log_path=path,
+        exposure_include_ids="true", exposure_salt=SALT,
+    )
+    return server, path
+
+
+def test_records_parse_and_join_the_responses_by_request_id(exposure_server: tuple[LiveServer, Path]) -> None:
+    server, path = exposure_server
+    responses: dict[str, dict] = {}
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        for i in range(12):
+            body = {"queries": [{"vector": _vector(32, i)}, {"vector": _vector(32, 100 + i)}], "k": 3,
+                    "experiment": "ent", "unit_id": f"user-{i}"}
+            headers = {"X-Request-ID": f"req-{i}"} if i % 2 else {}  # the caller's id, or one made
+            r = client.post("/v1/search", json=body, headers=headers)
+            assert r.status_code == 200, r.text
+            responses[r.headers["x-request-id"]] = {**r.json(), "unit": f"user-{i}"}
+        # not exposures: no experiment, or a bad request
+        assert client.post("/v1/search", json={"queries": [{"vector": _vector(32, 1)}]}).status_code == 200
+        assert client.post("/v1/search", json={"queries": [], "experiment": "ent"}).status_code == 422
+    records = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+    assert len(records) == 12
+    by_id = {rec["request_id"]: rec for rec in records}
+    assert set(by_id) == set(responses)
+    assert {f"req-{i}" for i in range(1, 12, 2)} <= set(by_id)
+    arms = set()
+    for request_id, resp in responses.items():
+        rec = by_id[request_id]
+        assert rec["experiment"] == resp["experiment"] == "ent"
+        assert rec["arm"] == resp["arm"]
+        assert rec["operating_point"] == resp["operating_point"]
+        assert rec["bundle_version"] == resp["bundle_version"]
+        assert (rec["k"], rec["queries"]) == (3, 2)
+        assert rec["ids"] == [[h["id"] for h in r["hits"]] for r in resp["results"]]
+        expected_unit = "sha256:" + hashlib.sha256(f"{SALT}:{resp['unit']}".encode()).hexdigest()
+        assert rec["unit_id"] == expected_unit and rec["unit_id_hashed"] is True
+        assert rec["latency_ms"] >= 0 and rec["time"].endswith("+00:00")
+        arms.add(rec["arm"])
+    assert arms == {"control", "treatment"}  # 12 units land in both arms
+
+
+def test_sampling_keeps_or_drops_whole_units(capsys: pytest.CaptureFixture[str]) -> None:
+    units = [f"u{i}" for i in range(2000)]
+    kept = [u for u in units if unit_sampled(u, 0.25)]
+    assert 400 < len(kept) < 600  # about a quarter, decided by the unit alone
+    assert kept == [u for u in units if unit_sampled(u, 0.25)]
+    assert all(unit_sampled(u, 0.5) for u in kept)  # a larger rate keeps every unit a smaller one kept
+    log = ExposureLog.from_settings(Settings(exposure_log="stdout", exposure_sample_rate=0.25,
+                                             exposure_hash_unit_id=False))
+    try:
+        for u in units[:40]:
+            log.record(experiment="e", arm="a", unit_id=u, operating_point=None, bundle_version="v",
+                       k=1, queries=1, latency_seconds=0.001)
+    finally:
+        log.close()
+    lines = [json.loads(x) for x in capsys.readouterr().out.splitlines()]
+    assert [x["unit_id"] for x in lines] == [u for u in units[:40] if unit_sampled(u, 0.25)]
+    assert all(x["unit_id_hashed"] is False and "ids" not in x for x in lines)
+
+
+def test_off_by_default_and_file_needs_a_path() -> None:
+    assert not ExposureLog.from_settings(Settings()).enabled
+    with pytest.raises(ValueError, match="exposure_log_path"):
+        ExposureLog.from_settings(Settings(exposure_log="file"))
