@@ -39,6 +39,11 @@ class OverloadedError(FieldError):
         self.retry_after = retry_after
 
 
+class ClientClosedError(FieldError):
+    """The client disconnected before its answer; its queued work was dropped (-> 499, which
+    nobody reads: it is what the request is counted as in the metrics and the access log)."""
+
+
 class NotFoundError(FieldError):
     """What was asked for does not exist, or the route is disabled (-> 404)."""
 
@@ -66,6 +71,7 @@ class ErrorKind(StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     RELOAD_FAILED = "reload_failed"
+    CLIENT_CLOSED = "client_closed_request"
     INTERNAL = "internal_error"
 
 
@@ -80,6 +86,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.UNAUTHORIZED: 401,
     ErrorKind.FORBIDDEN: 403,
     ErrorKind.RELOAD_FAILED: 409,
+    ErrorKind.CLIENT_CLOSED: 499,
     ErrorKind.INTERNAL: 500,
 }
 
@@ -92,6 +99,7 @@ ERROR_KINDS: dict[type[Exception], ErrorKind] = {
     UnauthorizedError: ErrorKind.UNAUTHORIZED,
     ForbiddenError: ErrorKind.FORBIDDEN,
     ReloadRefusedError: ErrorKind.RELOAD_FAILED,
+    ClientClosedError: ErrorKind.CLIENT_CLOSED,
 }
 
 
