@@ -117,8 +117,10 @@ class ArrayScanBackend(Backend):
             )
         store = {"float32": np.float32, "float16": np.float16, "bfloat16": np.uint16}[precision]
         n = corpus.shape[0]
+        # the stored form is the master itself: one copy serves the scan and the re-rank
+        same = corpus.dtype == np.dtype(store)
         try:
-            if precision == "float32" and corpus.dtype == np.float32:
+            if same:
                 self._data = self._to_device(corpus)  # numpy: the master itself, not a copy
             else:
                 self._data = xp.empty(corpus.shape, dtype=store)
@@ -126,7 +128,6 @@ class ArrayScanBackend(Backend):
                     block = np.asarray(corpus[s : s + 65536])
                     block = bf16_bits(block) if precision == "bfloat16" else block.astype(store)
                     self._data[s : s + len(block)] = self._to_device(block)
-            same = precision == "float32" and corpus.dtype == np.float32
             self._master_dev = self._data if same else self._to_device(corpus)
         except MemoryError as exc:  # numpy; a device module raises its own out-of-memory error
             raise BackendUnavailable(f"{self.name}: no memory for the corpus ({precision})") from exc
