@@ -24,6 +24,7 @@ from subspace.engine.base import (
     SearchResult,
     check_precision,
 )
+from subspace.engine.ivf import IvfBackend
 from subspace.engine.numpy_backend import NumpyBackend
 from subspace.layout import SubspaceLayout
 
@@ -36,6 +37,7 @@ BACKENDS: dict[str, type[Backend]] = {
     FaissBackend.name: FaissBackend,
     CupyBackend.name: CupyBackend,
     MilvusBackend.name: MilvusBackend,  # a Milvus collection (ESP_MILVUS_URI); not in auto
+    IvfBackend.name: IvfBackend,  # approximate index (ESP_INDEX=ivf); exact by default, not in auto
 }
 
 # "auto": fastest first, per storage precision, as bench/knn.py ranks them on CPUs without a GPU

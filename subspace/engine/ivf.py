@@ -1,0 +1,450 @@
+"""``ivf``: weighted top k from a weight-aware inverted-file index, exact re-rank on the master.
+
+The index (:mod:`subspace.engine.ivf_index`) holds several coarse partitions of the corpus
+(all blocks together, and one per block by default). For a query ``q`` with weights ``w``
+(docs/architecture.md section 1: ``score = <concat_k(w_k q_k), d>``) every list ``j`` of
+every partition gets, from its stored summary and the block-scaled query alone,
+
+* ``mu_j = <q~, mean_j>``: the mean score of its members, exactly;
+* ``sigma_j = sqrt(sum_d q~_d^2 var_jd)``: their spread under a diagonal model;
+* ``ub_j = sum_k (<q~_k, mean_jk> + |q~_k| r_jk)``: an upper bound on every member's score.
+
+The search runs in rounds. Round one scans the best lists of every partition by
+``mu + 2 sigma``; then, with ``t`` the k-th best score seen so far, the expected number of
+members above ``t`` in a list is ``E_j = n_j P(N(mu_j, sigma_j) >= t)`` (0 where ``ub_j < t``).
+A document is missed only if it lies in an unprobed list of *every* partition, so a round
+probes the partition with the smallest expected remainder ``sum E_j`` (the one whose geometry
+follows the request's weights: the intent partition when intent dominates, the joint one
+for mixed weights), its lists in decreasing ``E_j``. The search stops
+
+* **exactly** when one partition has no unprobed list that can reach ``t`` (every remaining
+  ``ub_j < t``): the result then equals the exhaustive scan's;
+* approximately (``max_touched`` set) when that partition's expected remainder is below
+  ``target_misses`` or the rows scanned reach ``max_touched * N``.
+
+Without ``max_touched`` (the default, and what the shared engine tests run) only the exact
+stop applies (a partition is finished when the bounds do not end the search first), so the
+backend keeps the engine contract. Lists are scanned from their codes (``int8`` or
+``float32``), the candidates within the scan's roundoff of the k-th are re-ranked in float64
+on the master, and per-hit subspace scores come from the master as for every backend.
+``last_stats`` holds the rows scanned and whether each query of the last search was exact.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from scipy.special import log_ndtr
+
+from subspace.engine._gemv import rows_dot
+from subspace.engine.base import Backend, EngineInputError, SearchResult
+from subspace.engine.ivf_index import IvfIndex, IvfIndexError, IvfParams, build_index
+from subspace.engine.numpy_backend import blas_limiter
+from subspace.layout import SubspaceLayout
+from subspace.scoring import subspace_scores
+
+_U32 = 2.0**-24
+
+
+def _log_tail(z: np.ndarray, kind: str) -> np.ndarray:
+    """``log P(X >= mu + z sigma)`` for a unit-variance law: ``gauss``, or ``laplace`` (heavier
+    tails). In logs, so lists far in the tail still rank among themselves."""
+    if kind == "gauss":
+        return np.asarray(log_ndtr(-z))
+    r2 = np.sqrt(2.0)
+    return np.where(z > 0, np.log(0.5) - r2 * z, np.log1p(-0.5 * np.exp(r2 * np.minimum(z, 0.0))))
+
+
+TAILS = ("gauss", "laplace")
+
+
+@dataclass
+class SearchStats:
+    """Per query of the last search: rows scanned (duplicates across partitions counted), exact?"""
+
+    touched: np.ndarray  # (nq,) int64
+    exact: np.ndarray  # (nq,) bool: stopped by the bound (or a finished partition)
+    rounds: int
+
+
+class IvfBackend(Backend):
+    name: ClassVar[str] = "ivf"
+    precisions: ClassVar[tuple[str, ...]] = ("float32",)
+
+    def __init__(
+        self,
+        corpus: np.ndarray,
+        layout: SubspaceLayout,
+        *,
+        precision: str = "float32",
+        threads: int | None = None,
+        chunk_rows: int | None = None,
+        index: IvfIndex | None = None,
+        params: IvfParams | None = None,
+        max_touched: float | None = None,
+        target_misses: float = 0.0,
+        first_fraction: float = 0.004,
+        step_fraction: float = 0.004,
+        spread: float = 1.0,
+        tail: str = "gauss",
+    ) -> None:
+        if max_touched is not None and (
+            isinstance(max_touched, bool)
+            or not isinstance(max_touched, int | float)
+            or not 0 < max_touched <= 1
+        ):
+            raise EngineInputError(
+                f"max_touched must be in (0, 1] or None, got {max_touched!r}", "max_touched"
+            )
+        if isinstance(target_misses, bool) or not isinstance(target_misses, int | float) or target_misses < 0:
+            raise EngineInputError(f"target_misses must be >= 0, got {target_misses!r}", "target_misses")
+        self._given_index = index
+        self._params = params
+        self.max_touched = max_touched
+        self.target_misses = float(target_misses)
+        self.first_fraction = first_fraction
+        self.step_fraction = step_fraction
+        self.spread = float(spread)
+        if tail not in TAILS:
+            raise EngineInputError(f"tail {tail!r} is unknown; allowed: {list(TAILS)}", "tail")
+        self.tail = tail
+        self.last_stats: SearchStats | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+
+    # --- load ---------------------------------------------------------------------------------
+    def _load(self, corpus: np.ndarray) -> None:
+        index = (
+            self._given_index
+            if self._given_index is not None
+            else build_index(corpus, self.layout, self._params)
+        )
+        if index.num_docs != corpus.shape[0] or index.layout.to_dict() != self.layout.to_dict():
+            raise IvfIndexError(
+                f"the index was built for {index.num_docs} rows of layout {list(index.layout.names)}, "
+                f"the corpus has {corpus.shape[0]} rows of {list(self.layout.names)}",
+                "index",
+            )
+        self.index = index
+        parts = index.partitions
+        self._means64 = np.concatenate([p.means for p in parts]).astype(np.float64)  # (Lt, D)
+        self._means32 = np.ascontiguousarray(self._means64.astype(np.float32))
+        self._vars = np.ascontiguousarray(np.concatenate([p.variances for p in parts]))  # (Lt, D)
+        self._radii = np.concatenate([p.radii for p in parts])  # (Lt, K)
+        self._sizes = np.concatenate([p.sizes for p in parts]).astype(np.int64)
+        self._starts = np.concatenate([p.offsets[:-1] for p in parts]).astype(np.int64)
+        self._part_of = np.concatenate([np.full(p.nlist, i) for i, p in enumerate(parts)])
+        self._part_starts = np.concatenate([[0], np.cumsum([p.nlist for p in parts])]).astype(np.int64)
+        self._qscale = 1.0 / index.scale.astype(np.float64)  # query multiplier against codes
+        self._int8 = index.list_dtype == "int8"
+        self._peak = 127.0 / index.scale.astype(np.float64) if self._int8 else None
+        self._buf_rows = int(self._sizes.max()) if len(self._sizes) else 1
+
+    # --- the search ------------------------------------------------------------------------------
+    def search(
+        self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
+    ) -> SearchResult:
+        """Weighted top ``k`` (exact unless ``max_touched`` is set; then approximate).
+
+        ``allowed``: ``None`` or an ``(N,)`` boolean mask of the rows that may be returned. A
+        selective mask (at most a quarter of the rows) is answered by an exact scan of its
+        rows; a broad one keeps only allowed rows among the probed lists' members.
+        """
+        q, w, k = self._validate(queries, block_weights, k)
+        mask = None if allowed is None else self._mask(allowed)
+        nq, K = q.shape[0], len(self.layout)
+        scaled64 = q.astype(np.float64) * self.layout.expand(w)
+        n_ok = self.num_docs if mask is None else int(mask.sum())
+        kk = min(k, n_ok)
+        if kk == 0:
+            return SearchResult(
+                np.empty((nq, 0), np.float32), np.empty((nq, 0), np.int64), np.empty((nq, 0, K), np.float32)
+            )
+        if mask is not None and 4 * n_ok <= self.num_docs:
+            out_rows, out_scores = self._exact_rows(scaled64, np.flatnonzero(mask), kk)
+        else:
+            rows_band, _ = self._probe(scaled64, kk, mask)
+            width = max(kk, *(len(r) for r in rows_band))
+            rows = np.full((len(rows_band), width), -1, np.int64)
+            for i, r in enumerate(rows_band):
+                rows[i, : len(r)] = r
+            out_rows, out_scores = self._rerank(scaled64, rows, kk)
+        sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
+        return SearchResult(out_scores, out_rows, sub)
+
+    def _mask(self, allowed: Any) -> np.ndarray:
+        mask = np.asarray(allowed)
+        if mask.dtype != np.bool_ or mask.shape != (self.num_docs,):
+            raise EngineInputError(
+                f"allowed must be a boolean mask of shape ({self.num_docs},), got {mask.dtype} {mask.shape}",
+                "allowed",
+            )
+        return mask
+
+    def _exact_rows(self, scaled64: np.ndarray, idx: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
+        """Exact float64 top ``kk`` among rows ``idx`` (ascending): ``(rows, scores float32)``."""
+        nq = scaled64.shape[0]
+        best_r = np.empty((nq, 0), np.int64)
+        best_s = np.empty((nq, 0))
+        step = max(256, (1 << 21) // max(1, self.dim))
+        for s in range(0, idx.size, step):
+            rows = idx[s : s + step]
+            sc = scaled64 @ np.asarray(self.master[rows], dtype=np.float64).T
+            cand_r = np.concatenate([best_r, np.broadcast_to(rows, (nq, rows.size))], axis=1)
+            cand_s = np.concatenate([best_s, sc], axis=1)
+            order = np.lexsort((cand_r, -cand_s), axis=-1)[:, :kk]
+            best_r = np.take_along_axis(cand_r, order, 1)
+            best_s = np.take_along_axis(cand_s, order, 1)
+        return best_r, best_s.astype(np.float32)
+
+    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """The probing alone: top ``c`` by scan score among the rows the probing scanned."""
+        rows_band, scores_band = self._probe(np.asarray(scaled, np.float64), min(c, self.num_docs))
+        width = max(len(r) for r in rows_band)
+        rows = np.full((len(rows_band), width), -1, np.int64)
+        scores = np.full((len(rows_band), width), -np.inf, np.float32)
+        for i, (r, s) in enumerate(zip(rows_band, scores_band, strict=True)):
+            o = np.argsort(-s, kind="stable")
+            rows[i, : len(r)], scores[i, : len(r)] = r[o], s[o]
+        return rows, scores
+
+    def _eps(self, scaled64: np.ndarray) -> np.ndarray:
+        """Per query: bound on ``|scan score - exact score|`` (code rounding + float32 sums)."""
+        absq = np.abs(scaled64)
+        if self._int8:
+            assert self._peak is not None
+            quant = 0.5 * (absq @ self._qscale)
+            mag = absq @ self._peak
+        else:
+            quant = np.zeros(len(scaled64))
+            blocks = np.sqrt((scaled64**2) @ self._indicator)
+            mag = blocks @ self._max_block_norm
+        return quant * (1 + 1e-6) + 2.0 * (self.dim + 4) * _U32 * mag + 1e-12
+
+    def _probe(
+        self, scaled64: np.ndarray, kk: int, mask: np.ndarray | None = None
+    ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Run the rounds; per query the scanned rows within ``2 eps`` of the k-th scan score."""
+        nq, n = scaled64.shape[0], self.num_docs
+        P = len(self.index.partitions)
+        lt = len(self._sizes)
+        scaled32 = scaled64.astype(np.float32)
+        qcodes = (scaled64 * self._qscale).astype(np.float32)  # queries against the codes
+        blocknorm = np.sqrt((scaled64**2) @ self._indicator)  # (nq, K) = w_k |q_k|
+        cap = blocknorm @ self._max_block_norm  # no score exceeds this
+        mu = scaled64 @ self._means64.T  # (nq, Lt)
+        ub = np.minimum(mu + blocknorm @ self._radii.T, cap[:, None]) + 1e-9 * (1.0 + cap[:, None])
+        sigma = self.spread * np.sqrt(np.maximum((scaled32 * scaled32) @ self._vars.T, 0.0)).astype(
+            np.float64
+        )
+        sigma += 1e-12
+        eps = self._eps(scaled64)
+
+        probed = np.zeros((nq, lt), bool)
+        touched = np.zeros(nq, np.int64)
+        exact = np.zeros(nq, bool)
+        active = np.ones(nq, bool)
+        t = np.full(nq, -np.inf)  # k-th best scan score so far (distinct rows)
+        pool_rows: list[list[np.ndarray]] = [[] for _ in range(nq)]
+        pool_scores: list[list[np.ndarray]] = [[] for _ in range(nq)]
+        band_rows: list[np.ndarray] = [np.empty(0, np.int64)] * nq
+        band_scores: list[np.ndarray] = [np.empty(0, np.float32)] * nq
+        budget = n if self.max_touched is None else max(kk, int(np.ceil(self.max_touched * n)))
+        first = max(kk, int(self.first_fraction * n))
+        all_q = np.ones(nq, bool)
+        step = max(kk, int(self.step_fraction * n))
+
+        # round one: every partition's best lists by mu + 2 sigma, the first rows shared out
+        pairs_q: list[np.ndarray] = []
+        pairs_l: list[np.ndarray] = []
+        for p in range(P):
+            a, b = self._part_starts[p], self._part_starts[p + 1]
+            qp, lp = self._take(mu[:, a:b] + 2.0 * sigma[:, a:b], self._sizes[a:b], max(1, first // P), all_q)
+            pairs_q.append(qp)
+            pairs_l.append(lp + a)
+        qi, lj = np.concatenate(pairs_q), np.concatenate(pairs_l)
+        part_touched = np.zeros((nq, P), np.int64)
+        rounds = 0
+        while True:
+            rounds += 1
+            probed[qi, lj] = True
+            np.add.at(touched, qi, self._sizes[lj])
+            np.add.at(part_touched, (qi, self._part_of[lj]), self._sizes[lj])
+            floor = t - 2.0 * eps
+            self._scan_pairs(
+                qcodes, qi=qi, lj=lj, floor=floor, mask=mask, pool_rows=pool_rows, pool_scores=pool_scores
+            )
+            for i in np.unique(qi).tolist():
+                band_rows[i], band_scores[i], t[i] = self._band(
+                    [band_rows[i], *pool_rows[i]], [band_scores[i], *pool_scores[i]], kk, eps[i]
+                )
+                pool_rows[i], pool_scores[i] = [], []
+            # stop tests, per active query
+            idx = np.flatnonzero(active)
+            thr = (t[idx] - eps[idx])[:, None]
+            open_ = ~probed[idx] & (ub[idx] >= thr)  # unprobed lists that could still reach the top k
+            open_count = np.add.reduceat(open_, self._part_starts[:-1], axis=1)  # (m, P)
+            done_exact = (open_count == 0).any(axis=1)
+            z = (thr - mu[idx]) / sigma[idx]
+            log_expect = np.log(np.maximum(self._sizes, 1)) + _log_tail(z, self.tail)
+            expect = np.where(open_, np.exp(log_expect), 0.0)
+            remain = np.add.reduceat(expect, self._part_starts[:-1], axis=1)  # (m, P)
+            # a partition with no open list has nothing left to find; otherwise its expected misses
+            remain = np.where(open_count == 0, 0.0, remain)
+            exact[idx] = done_exact
+            stop = done_exact.copy()
+            if self.max_touched is not None:
+                enough = np.array([len(band_rows[i]) >= kk for i in idx.tolist()], bool)
+                stop |= enough & ((remain.min(axis=1) < self.target_misses) | (touched[idx] >= budget))
+            active[idx[stop]] = False
+            if not active.any():
+                break
+            keep = ~stop
+            idx, open_, log_expect = idx[keep], open_[keep], log_expect[keep]
+            open_rows = np.add.reduceat(np.where(open_, self._sizes, 0), self._part_starts[:-1], axis=1)
+            # the budget is shared out evenly: the open partition with the fewest rows scanned
+            # so far; past the budget (exact mode only) the one with the fewest open rows is finished
+            over = touched[idx] >= budget
+            big = np.iinfo(np.int64).max
+            choice = np.where(
+                over,
+                np.argmin(np.where(open_rows > 0, open_rows, big), 1),
+                np.argmin(np.where(open_rows > 0, part_touched[idx], big), 1),
+            )
+            lists_part = self._part_of[None, :] == choice[:, None]
+            # rank by expected members above t (in logs: positive keys, 0 = not a candidate)
+            cand = open_ & lists_part
+            low = np.where(cand, log_expect, np.inf).min(axis=1, keepdims=True)
+            key = np.where(over[:, None], 1.0, log_expect - np.where(np.isfinite(low), low, 0.0) + 1.0)
+            score = np.where(cand, key, 0.0)
+            amount = np.where(over, n, np.maximum(step, touched[idx]))
+            if self.max_touched is not None:  # never past the budget (one list at least)
+                amount = np.maximum(1, np.minimum(amount, budget - touched[idx]))
+            qi_local, lj = self._take(score, self._sizes, amount, score.max(axis=1) > 0, positive_only=True)
+            qi = idx[qi_local]
+            if len(qi) == 0:  # nothing left to probe anywhere (cannot happen before exactness)
+                active[:] = False
+                break
+        self.last_stats = SearchStats(touched, exact, rounds)
+        return band_rows, band_scores
+
+    @staticmethod
+    def _take(
+        score: np.ndarray, sizes: np.ndarray, amount: Any, rows_mask: np.ndarray, positive_only: bool = False
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Per row of ``score`` ``(m, L)`` (rows where ``rows_mask``): the best lists (only those
+        scoring > 0 when ``positive_only``) until their sizes reach ``amount`` rows, at least
+        one list. Returns ``(row, list)`` pairs."""
+        m, L = score.shape
+        amount = np.broadcast_to(np.asarray(amount), (m,))
+        need = int(np.ceil(amount.max() / max(1.0, float(sizes.min(initial=1))))) + 1
+        top = min(L, max(1, need))
+        if top < L:
+            cand = np.argpartition(-score, top - 1, axis=1)[:, :top]
+        else:
+            cand = np.broadcast_to(np.arange(L), (m, L))
+        cs = np.take_along_axis(score, cand, 1)
+        o = np.argsort(-cs, axis=1, kind="stable")
+        cand = np.take_along_axis(cand, o, 1)
+        cs = np.take_along_axis(cs, o, 1)
+        sz = sizes[cand]
+        after = np.cumsum(sz, axis=1)
+        take = ((after <= amount[:, None]) | (after == sz)) & rows_mask[:, None]
+        if positive_only:
+            take &= cs > 0
+        qi, pos = np.nonzero(take)
+        return qi, cand[qi, pos]
+
+    def _scan_pairs(
+        self,
+        qcodes: np.ndarray,
+        *,
+        qi: np.ndarray,
+        lj: np.ndarray,
+        floor: np.ndarray,
+        mask: np.ndarray | None,
+        pool_rows: list[list[np.ndarray]],
+        pool_scores: list[list[np.ndarray]],
+    ) -> None:
+        """Scan list ``lj[i]`` for query ``qi[i]``; keep entries at or above the query's floor."""
+        o = np.argsort(lj, kind="stable")
+        qi, lj = qi[o], lj[o]
+        bounds = np.flatnonzero(np.diff(lj)) + 1
+        groups = np.split(np.arange(len(lj)), bounds)
+        parts = self.index.partitions
+
+        def work(chunk: list[np.ndarray]) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+            buf = np.empty((self._buf_rows, self.dim), np.float32)
+            out = []
+            for g in chunk:
+                j = int(lj[g[0]])
+                p = parts[int(self._part_of[j])]
+                a = int(self._starts[j])
+                b = a + int(self._sizes[j])
+                if b == a:
+                    continue
+                block = p.codes[a:b]
+                if block.dtype != np.float32:
+                    rows32 = buf[: b - a]
+                    np.copyto(rows32, block)
+                else:
+                    rows32 = block
+                qs = qi[g]
+                if len(qs) == 1:
+                    s = np.empty((1, b - a), np.float32)
+                    rows_dot(rows32, qcodes[qs[0]], s[0])
+                else:
+                    s = qcodes[qs] @ rows32.T
+                out.append((qs, p.order[a:b], s))
+            return out
+
+        nworkers = min(self.threads, len(groups))
+        if nworkers > 1 and len(lj) >= 4:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="esp-ivf")
+            chunks = [groups[w::nworkers] for w in range(nworkers)]
+            with blas_limiter(1) if len(lj) > len(groups) else nullcontext():
+                results = [r for part in self._pool.map(work, chunks) for r in part]
+        else:
+            results = work(groups)
+        for qs, order, s in results:
+            ok = None if mask is None else mask[order]
+            for row, qidx in enumerate(qs.tolist()):
+                keep = s[row] >= floor[qidx]
+                if ok is not None:
+                    keep &= ok
+                if keep.any():
+                    pool_rows[qidx].append(order[keep])
+                    pool_scores[qidx].append(s[row][keep])
+
+    @staticmethod
+    def _band(
+        rows_list: list[np.ndarray], scores_list: list[np.ndarray], kk: int, eps: float
+    ) -> tuple[np.ndarray, np.ndarray, float]:
+        """Distinct rows (best scan score each), the k-th score, and the rows within ``2 eps``."""
+        rows = np.concatenate(rows_list)
+        scores = np.concatenate(scores_list)
+        if len(rows) == 0:
+            return rows, scores, -np.inf
+        o = np.lexsort((-scores, rows))
+        rows, scores = rows[o], scores[o]
+        first = np.ones(len(rows), bool)
+        first[1:] = rows[1:] != rows[:-1]
+        rows, scores = rows[first], scores[first]
+        if len(rows) < kk:
+            return rows, scores, -np.inf
+        kth = float(np.partition(scores, len(scores) - kk)[len(scores) - kk])
+        keep = scores.astype(np.float64) >= kth - 2.0 * eps
+        return rows[keep], scores[keep], kth
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None
+
+    def __del__(self) -> None:
+        self.close()
