@@ -51,7 +51,7 @@ FLAGS = (
     "--disable-background-networking",
     "--disable-component-update",
     "--disable-sync",
-    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost",
+    "--host-resolver-rules=MAP * ~NOTFOUND, EXCLUDE localhost, EXCLUDE 127.0.0.1, EXCLUDE [::1]",
 )
 
 LOOPBACK_HOSTS = frozenset({"127.0.0.1", "localhost", "::1"})

@@ -410,13 +410,14 @@
     renderColumns();
   }
 
+  // The results box of a weight set (inside its column, below its sliders).
   function column(set) {
-    let col = $(`#results-${set.id}`);
-    if (!col) {
-      col = el("section", { id: `results-${set.id}`, class: "column", "aria-labelledby": `results-${set.id}-title`, dataset: { state: "idle" } });
-      $("#results").append(col);
+    let box = $(`#results-${set.id}`);
+    if (!box) {
+      box = el("div", { id: `results-${set.id}`, class: "hits-box", "aria-live": "polite", dataset: { state: "idle" } });
+      $("#results").append(el("section", { id: `col-${set.id}`, class: "column", "aria-labelledby": `results-${set.id}-title` }, set.fieldset, box));
     }
-    return col;
+    return box;
   }
 
   function rankMarker(rank, otherRank, otherName) {
@@ -467,7 +468,7 @@
   function renderColumns() {
     const sets = activeSets();
     $("#results").classList.toggle("compare", sets.length > 1);
-    for (const set of search.sets) column(set).hidden = !sets.includes(set);
+    for (const set of search.sets) $(`#col-${set.id}`).hidden = !sets.includes(set);
     const ranks = new Map();
     for (const set of sets) {
       const r = search.results.get(set.id);
@@ -499,16 +500,14 @@
   }
 
   function initSearch() {
-    const container = $("#weight-sets");
     const onChange = (set) => schedule([set]);
     const a = new WeightSet("A", "Weights A", onChange);
     const b = new WeightSet("B", "Weights B", onChange);
     a.label = "A";
     b.label = "B";
-    b.fieldset.hidden = true;
     search.sets = [a, b];
-    container.append(a.fieldset, b.fieldset);
     for (const set of search.sets) column(set);
+    $("#col-B").hidden = true;
     const initial = served.defaultPoint ? `op:${served.defaultPoint}` : "defaults";
     a.pick(initial);
     // B starts on a different point when there is one: the comparison then shows something.
@@ -517,9 +516,7 @@
     $("#query").addEventListener("input", () => schedule(activeSets()));
     $("#k").addEventListener("input", () => schedule(activeSets()));
     $("#compare").addEventListener("change", () => {
-      const on = $("#compare").checked;
-      b.fieldset.hidden = !on;
-      if (on) schedule([b]);
+      if ($("#compare").checked) schedule([b]);
       renderColumns();
     });
     $("#search-form").addEventListener("submit", (event) => {
