@@ -258,8 +258,9 @@ class ArrayScanBackend(Backend):
         xp = self.xp
         m, width = scores.shape
         if width <= c:
+            vals = scores.astype(xp.float32)
             cols = xp.broadcast_to(xp.arange(width, dtype=xp.int64), (m, width))
-            return scores.astype(xp.float32), cols
+            return vals, xp.where(vals > -xp.inf, cols, -1)
         g = max(1, math.isqrt(width // c))
         if g > 1:
             groups = -(-width // g)

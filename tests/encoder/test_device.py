@@ -47,6 +47,7 @@ def test_auto_on_this_machine_encodes_on_the_cpu_without_autocast(tiny_bundle: P
     if torch.cuda.is_available():
         pytest.skip("CUDA present: covered by the gpu test below")
     b = read_bundle(tiny_bundle)
+    assert b.encoder_dir is not None
     auto = QueryEncoder.load(b.encoder_dir, device="auto")
     assert auto.device.type == "cpu" and not auto.autocast
     texts = tiny_corpus[1][:6]
@@ -57,6 +58,7 @@ def test_auto_on_this_machine_encodes_on_the_cpu_without_autocast(tiny_bundle: P
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
 def test_cuda_encoding_is_the_cpu_encoding_up_to_float16(tiny_bundle: Path, tiny_corpus) -> None:
     b = read_bundle(tiny_bundle)
+    assert b.encoder_dir is not None
     gpu = QueryEncoder.load(b.encoder_dir, device="auto")
     assert gpu.device.type == "cuda" and gpu.autocast
     texts = tiny_corpus[1][:8]
