@@ -6,8 +6,10 @@ Exit status 0 when the bundle is valid, 1 with the reason when it is not.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
+from pathlib import Path
 
 from subspace.bundle import BundleError, read_bundle
 
@@ -33,6 +35,8 @@ def run(args: argparse.Namespace) -> int:
         "layout": [o.to_dict() for o in bundle.layout.objectives],
         "operating_points": sorted(bundle.operating_points),
         "encoder": bundle.encoder_dir is not None,
+        # what a registry file's `bundle.sha256` names (service.rollout): it pins every file
+        "manifest_sha256": hashlib.sha256((Path(args.bundle) / "manifest.json").read_bytes()).hexdigest(),
         "sections": sorted(set(m) - {"files", "layout", "corpus"}),
     }
     print(json.dumps(summary, indent=2))

@@ -40,6 +40,7 @@ from service.lifecycle import load_and_activate
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from service.registry import RegistryWatcher
+from service.rollout import BundleRollout
 from service.routes import admin, cluster, embeddings, meta, registry, search, ui
 from service.schemas import UNION_TAGS, error_responses
 from service.state import StateHolder
@@ -139,6 +140,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     )
     await app.state.batcher.start()
     await app.state.registry.start()
+    app.state.rollout = BundleRollout(app.state, settings)  # the bundle the registry file names
+    await app.state.rollout.start()
     loader: asyncio.Task[None] | None = None
     if settings.bundle is not None:
         loader = asyncio.create_task(_initial_load(app, settings), name="esp-initial-load")
@@ -154,6 +157,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
         await app.state.batcher.stop()
+        await app.state.rollout.stop()
         await app.state.registry.stop()
         app.state.exposure.close()
 

@@ -91,6 +91,17 @@ class Metrics:
         self.bundle_reloads = Counter(
             "esp_bundle_reloads_total", "Bundle hot reloads by result.", ["result"], registry=r,
         )
+        self.bundle_in_sync = Gauge(
+            "esp_bundle_in_sync",
+            "1 when the served bundle is the one the registry file names (or it names none), else 0.",
+            registry=r,
+        )
+        self.bundle_in_sync.set(1)
+        self.bundle_rollout_refusals = Counter(
+            "esp_bundle_rollout_refusals_total",
+            "Bundles named by the registry file that this replica refused (digest, checksums, layout).",
+            registry=r,
+        )
         for result in ("success", "failure"):
             self.registry_reloads.labels(result=result)
             self.bundle_reloads.labels(result=result)
@@ -123,6 +134,8 @@ METRIC_NAMES: tuple[str, ...] = (
     "esp_experiment_request_duration_seconds",
     "esp_registry_reloads_total",
     "esp_bundle_reloads_total",
+    "esp_bundle_in_sync",
+    "esp_bundle_rollout_refusals_total",
 )
 
 #: The process and GC series on the same registry (Linux; Prometheus' own conventions).

@@ -151,12 +151,24 @@ class Health(BaseModel):
     status: str
 
 
+class BundleRollout(BaseModel):
+    """Where this replica stands with the bundle the registry file names (service.rollout)."""
+
+    path: str | None = Field(None, description="the bundle directory the registry file names")
+    sha256: str | None = Field(None, description="the manifest.json sha256 it names")
+    state: str = Field(description="none (no bundle named), pending, loading, in_sync or refused")
+    reason: str | None = Field(None, description="why it is pending or was refused")
+    since: float | None = Field(None, description="unix time of the last change of state")
+
+
 class Readiness(BaseModel):
     status: str = Field(description="'ready' or 'not_ready'")
     bundle_version: str | None = None
     backend: str | None = None
     num_docs: int | None = None
     reason: str | None = Field(None, description="why the service is not ready")
+    bundle_sha256: str | None = Field(None, description="sha256 of the served bundle's manifest.json")
+    rollout: BundleRollout | None = Field(None, description="null without a registry file")
 
 
 class ReloadRequest(BaseModel):

@@ -156,10 +156,18 @@ class ExperimentSpec(_Strict):
         return self
 
 
+class DesiredBundleSpec(_Strict):
+    """``bundle``: the bundle every replica should serve (:mod:`service.rollout`)."""
+
+    path: Annotated[str, Field(min_length=1, max_length=4096)]
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+
 class RegistryFile(_Strict):
     """The whole file. Points and experiments keep the file's order."""
 
     version: int = FORMAT_VERSION
+    bundle: DesiredBundleSpec | None = None
     default_operating_point: str | None = None
     operating_points: Annotated[dict[PointName, PointSpec], BeforeValidator(_none_is_empty)] = {}
     experiments: Annotated[dict[ExperimentName, ExperimentSpec], BeforeValidator(_none_is_empty)] = {}
@@ -200,6 +208,17 @@ def validate_file(data: Any, layout: SubspaceLayout, bundle_points: Collection[s
         return RegistryFile.model_validate(data, context={"layout": layout, "bundle_points": bundle_points})
     except ValidationError as exc:
         raise registry_error(exc, source) from None
+
+
+def desired_bundle(data: Any, source: str) -> DesiredBundleSpec | None:
+    """The file's ``bundle`` section (None when it has none), checked on its own: the rest of
+    the file is validated against a layout by the registry watcher."""
+    if not isinstance(data, Mapping) or data.get("bundle") is None:
+        return None
+    try:
+        return DesiredBundleSpec.model_validate(data["bundle"])
+    except ValidationError as exc:
+        raise registry_error(exc, source, ("bundle",), DesiredBundleSpec) from None
 
 
 def validate_bundle_points(raw: Any, layout: SubspaceLayout) -> dict[str, BundlePointSpec]:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.rollout import status_body
 from service.routes.deps import MetricsDep, StateDep
 from service.schemas import Health, LayoutResponse, Readiness, SubspaceInfo, error_responses
 from subspace.weights import weights_dict
@@ -23,9 +24,10 @@ async def healthz() -> Health:
     responses=error_responses(503),
     summary="200 once a bundle is loaded, validated and a warm-up search ran; else 503",
 )
-async def readyz(state: StateDep) -> Readiness:
+async def readyz(state: StateDep, request: Request) -> Readiness:
     return Readiness(
-        status="ready", bundle_version=state.version, backend=state.engine.name, num_docs=state.num_docs
+        status="ready", bundle_version=state.version, backend=state.engine.name, num_docs=state.num_docs,
+        **status_body(getattr(request.app.state, "rollout", None), state),
     )
 
 
