@@ -91,21 +91,52 @@ def validation_error_body(errors: Sequence[Any]) -> dict[str, Any]:
     return error_body(ErrorKind.VALIDATION, message, field)
 
 
+def body_parse_message(cause: BaseException) -> str:
+    """Why a request body could not be parsed (invalid UTF-8, a number of 4,300+ digits, ...),
+    in one line naming the body."""
+    reason = str(cause).split("\n", 1)[0][:300]
+    if isinstance(cause, UnicodeDecodeError):
+        reason = f"not valid UTF-8 at byte {cause.start}"
+    return f"request body could not be parsed as JSON: {reason}"
+
+
+_JSON_TYPES = ("application/json",)
+
+
+def content_type_problem(request: Request, errors: Sequence[Any]) -> str | None:
+    """The message for a body that was not taken as JSON because of its Content-Type (none, or
+    not JSON): FastAPI then validates the raw bytes and says "a valid dictionary" instead."""
+    body_errors = [e for e in errors if tuple(e.get("loc", ())) == ("body",)]
+    if not body_errors or body_errors[0].get("type") not in ("model_attributes_type", "dict_type"):
+        return None
+    sent = request.headers.get("content-type", "")
+    media = sent.split(";", 1)[0].strip().lower()
+    if media in _JSON_TYPES or media.endswith("+json"):
+        return None
+    got = f"Content-Type {sent!r}" if sent else "no Content-Type"
+    return f"the request body must be JSON sent with Content-Type: application/json (got {got})"
+
+
 def _install_error_handlers(app: FastAPI) -> None:
     async def domain_error(_: Request, exc: Exception) -> JSONResponse:
         return error_response(exc)
 
-    async def request_validation(_: Request, exc: Exception) -> JSONResponse:
+    async def request_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
+        not_json = content_type_problem(request, exc.errors())
+        if not_json is not None:
+            return JSONResponse(error_body(ErrorKind.VALIDATION, not_json, "body"), status_code=422)
         return JSONResponse(validation_error_body(exc.errors()), status_code=422)
 
     async def http_error(_: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = kind_for_status(exc.status_code)
         detail = exc.detail if isinstance(exc.detail, str) else kind.value
-        return JSONResponse(
-            error_body(kind, detail), status_code=exc.status_code, headers=dict(exc.headers or {}) or None
-        )
+        field = None
+        if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body
+            detail, field = body_parse_message(exc.__cause__), "body"
+        headers = dict(exc.headers or {}) or None
+        return JSONResponse(error_body(kind, detail, field), status_code=exc.status_code, headers=headers)
 
     async def unexpected(_: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error: %s", exc, exc_info=exc)
@@ -137,6 +168,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         max_wait_ms=settings.max_wait_ms,
         queue_size=settings.queue_size,
         gather=settings.batching,
+        latency_budget_ms=settings.latency_budget_ms,
     )
     await app.state.batcher.start()
     await app.state.registry.start()
@@ -160,6 +192,9 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await app.state.rollout.stop()
         await app.state.registry.stop()
         app.state.exposure.close()
+        served = app.state.holder.current
+        if served is not None:
+            served.retire()  # its engine's threads stop with the app
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

@@ -8,8 +8,9 @@ tests pass their own to ``create_app(settings)`` or override :func:`app_settings
 
 from __future__ import annotations
 
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import Depends, Request
 
@@ -62,6 +63,7 @@ class SearchContext:
     batcher: MicroBatcher
     metrics: Metrics
     registry: RegistryWatcher
+    receive: Callable[[], Awaitable[Any]] | None = None  # the ASGI receive: tells a disconnect
     exposure: ExposureLog | None = None  # the exposure log (service.exposure)
 
 
@@ -70,7 +72,7 @@ async def search_context(request: Request) -> SearchContext:
     state = await serving_state(request)
     app_state = request.app.state
     return SearchContext(
-        state, app_state.settings, app_state.batcher, app_state.metrics, app_state.registry,
+        state, app_state.settings, app_state.batcher, app_state.metrics, app_state.registry, request.receive,
         exposure=getattr(app_state, "exposure", None),
     )
 

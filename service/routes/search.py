@@ -1,7 +1,13 @@
 """``POST /v1/search``: validate, resolve weights, queue on the micro-batcher, build the hits.
 
 Each request captures the served state once; its vectors are validated against that state's
-layout and scored on that state, even if a hot reload swaps the bundle meanwhile.
+layout and scored on that state, even if a hot reload swaps the bundle meanwhile. It holds the
+state (:meth:`~service.state.ServingState.acquire`) until its answer is built, so a retired
+engine is closed only after its last request.
+
+Cost per request is bounded: at most ``max_queries`` queries, ``k <= max_k``, queries x k at most
+``max_hits`` and a response body of at most ``max_response_bytes`` (each a 422 naming the limit
+and its setting); the response is measured while it is built, so an oversized one stops early.
 
 The route is an ordinary FastAPI route (dependencies, overrides, the app's middleware and
 exception handlers all apply); only JSON goes through pydantic-core's Rust codec, because a
@@ -26,6 +32,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
 from service.batching import QueryHits, QueryInput
+from service.errors import NotReadyError
 from service.exposure import log_search_exposure
 from service.metrics import Metrics
 from service.routes.deps import SearchContext, SearchContextDep
@@ -155,9 +162,27 @@ def prepare_queries(queries: list[Query], state: ServingState) -> list[QueryInpu
     return out
 
 
-def build_results(state: ServingState, hits: list[QueryHits]) -> list[dict[str, Any]]:
+_HIT_OVERHEAD = 48  # bytes of a hit's JSON besides its id, display fields and subspace scores
+_SUBSPACE_BYTES = 32  # one "name": score pair, about
+
+
+def _too_large(size: int, limit: int) -> FieldError:
+    return FieldError(
+        f"the response would be larger than {limit} bytes (setting ESP_MAX_RESPONSE_BYTES; about {size} "
+        "so far): ask for a smaller k or fewer queries",
+        "k",
+    )
+
+
+def build_results(
+    state: ServingState, hits: list[QueryHits], max_bytes: int | None = None
+) -> list[dict[str, Any]]:
+    """The ``results`` of a response. With ``max_bytes``, the body's size is estimated as it is
+    built and a :class:`FieldError` raised as soon as it exceeds the limit."""
     names = state.layout.names
     ids, docs = state.bundle.ids, state.docs
+    per_hit = _HIT_OVERHEAD + _SUBSPACE_BYTES * len(names)
+    size = 0
     results = []
     for h in hits:
         out = []
@@ -168,12 +193,16 @@ def build_results(state: ServingState, hits: list[QueryHits]) -> list[dict[str, 
                 "score": score,
                 "subspace_scores": dict(zip(names, sub, strict=True)),
             }
+            size += per_hit + len(hit["id"])
             if docs is not None:
                 doc = docs[row]
                 for key in _DOC_FIELDS:
                     value = doc.get(key)
                     if isinstance(value, str):
                         hit[key] = value
+                        size += len(value) + 12
+            if max_bytes is not None and size > max_bytes:
+                raise _too_large(size, max_bytes)
             out.append(hit)
         results.append({"hits": out})
     return results
@@ -187,7 +216,11 @@ def _observe_weights(metrics: Metrics, layout: SubspaceLayout, block_weights: np
 
 
 async def search(body: SearchRequest, ctx: SearchContextDep) -> PydanticJSONResponse:
-    return PydanticJSONResponse(await run_search(body, ctx))
+    response = PydanticJSONResponse(await run_search(body, ctx))
+    limit = ctx.settings.max_response_bytes
+    if len(response.body) > limit:
+        raise _too_large(len(response.body), limit)
+    return response
 
 
 def add_search_route(app: FastAPI) -> None:
@@ -216,13 +249,30 @@ async def run_search(body: SearchRequest, ctx: SearchContext) -> dict[str, Any]:
     Raises domain errors (``FieldError`` 422, ``OverloadedError`` 429, ``NotReadyError`` 503).
     """
     started = time.perf_counter()
-    state, settings, metrics = ctx.state, ctx.settings, ctx.metrics
+    state, settings = ctx.state, ctx.settings
     if len(body.queries) > settings.max_queries:
         raise FieldError(
             f"queries has {len(body.queries)} items; at most {settings.max_queries} per request", "queries"
         )
     if body.k > settings.max_k:
         raise FieldError(f"k must be between 1 and {settings.max_k}, got {body.k}", "k")
+    if len(body.queries) * body.k > settings.max_hits:
+        raise FieldError(
+            f"{len(body.queries)} queries x k={body.k} asks for {len(body.queries) * body.k} hits; at most "
+            f"{settings.max_hits} per request (setting ESP_MAX_HITS): send fewer queries or a smaller k",
+            "k",
+        )
+    if not state.acquire():  # retired and closed between capture and here: the caller retries
+        raise NotReadyError("the served bundle was just replaced; retry", retry_after=1.0)
+    try:
+        return await _run_search(body, ctx, started)
+    finally:
+        state.release()
+
+
+async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -> dict[str, Any]:
+    state, metrics = ctx.state, ctx.metrics
+    max_bytes = ctx.settings.max_response_bytes
     resolved = ctx.registry.current.resolve(
         state.layout,
         weights=body.weights,
@@ -231,16 +281,16 @@ async def run_search(body: SearchRequest, ctx: SearchContext) -> dict[str, Any]:
         unit_id=body.unit_id,
     )
     queries = prepare_queries(body.queries, state)
-    hits = await ctx.batcher.submit(state, queries, resolved.block_weights, body.k)
+    hits = await ctx.batcher.submit(state, queries, resolved.block_weights, body.k, ctx.receive)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
     _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
     exposure = resolved.experiment is not None and resolved.arm is not None and not resolved.excluded
     if exposure:
         metrics.experiment_requests.labels(experiment=resolved.experiment, arm=resolved.arm).inc(len(queries))
     if sum(len(h.rows) for h in hits) > _BUILD_INLINE_MAX_HITS:
-        results = await asyncio.to_thread(build_results, state, hits)
+        results = await asyncio.to_thread(build_results, state, hits, max_bytes)
     else:
-        results = build_results(state, hits)
+        results = build_results(state, hits, max_bytes)
     if exposure:  # latency by arm: the A/B dashboard compares arms on it
         metrics.experiment_request_duration.labels(experiment=resolved.experiment, arm=resolved.arm).observe(
             time.perf_counter() - started

@@ -1,0 +1,121 @@
+"""Admission by expected wait, batch-sized slices served round-robin, and dropping the queued work
+of a client that went away (service.batching)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from service.errors import STATUS, ClientClosedError, OverloadedError, error_headers, error_kind
+from service.metrics import Metrics
+from tests.service.test_batching import _batcher, _state, _vectors
+
+
+async def _hold(b: Any, state: Any) -> asyncio.Task[Any]:
+    """One job in the engine, held at the gate, so what follows queues."""
+    state.engine.gate.clear()
+    busy = asyncio.create_task(b.submit(state, _vectors(1, 0), np.ones(2), 1))
+    await asyncio.to_thread(state.engine.entered.wait, 10)
+    return busy
+
+
+def test_a_request_that_would_wait_past_the_budget_is_429_with_retry_after_from_the_rate(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+
+    async def run() -> None:
+        b = _batcher(Metrics(), queue_size=1000, max_wait_ms=0, latency_budget_ms=50.0)
+        await b.start()
+        now = time.monotonic()
+        b._batches.extend([(now, 10, 0.1), (now, 10, 0.1)])  # measured: 10 ms per query
+        busy = await _hold(b, state)
+        queued = asyncio.create_task(b.submit(state, _vectors(3, 1), np.ones(2), 1))  # 30 ms ahead
+        await asyncio.sleep(0.01)
+        assert b.depth == 3
+        with pytest.raises(OverloadedError) as err:  # 3 + 3 queued queries: about 60 ms > 50 ms
+            await b.submit(state, _vectors(3, 2), np.ones(2), 1)
+        assert STATUS[error_kind(err.value)] == 429
+        assert 0.05 < err.value.retry_after < 1.0  # the queue's drain time at the measured rate
+        assert error_headers(err.value)["Retry-After"] == "1"
+        assert "latency budget of 50 ms" in err.value.message
+        one = asyncio.create_task(b.submit(state, _vectors(1, 3), np.ones(2), 1))  # 40 ms: admitted
+        state.engine.gate.set()  # type: ignore[attr-defined]
+        await asyncio.gather(busy, queued, one)
+        await b.stop()
+
+    asyncio.run(run())
+
+
+def test_the_rate_is_measured_from_the_batches_run(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+
+    async def run() -> float | None:
+        b = _batcher(Metrics(), max_wait_ms=0, latency_budget_ms=250.0)
+        await b.start()
+        assert b.seconds_per_query() is None  # nothing measured: nothing refused by wait
+        for s in range(3):
+            await b.submit(state, _vectors(2, s), np.ones(2), 3)
+        spq = b.seconds_per_query()
+        await b.stop()
+        return spq
+
+    spq = asyncio.run(run())
+    assert spq is not None and spq > 0
+
+
+def test_a_large_request_is_sliced_and_a_small_one_goes_between_its_slices(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+
+    async def run() -> tuple[list[Any], list[Any]]:
+        b = _batcher(Metrics(), max_batch=4, max_wait_ms=0, queue_size=100)
+        await b.start()
+        busy = await _hold(b, state)
+        big = asyncio.create_task(b.submit(state, _vectors(12, 1), np.ones(2), 3))
+        await asyncio.sleep(0.01)
+        small = asyncio.create_task(b.submit(state, _vectors(1, 2), np.ones(2), 3))
+        await asyncio.sleep(0.01)
+        state.engine.gate.set()  # type: ignore[attr-defined]
+        _, big_hits, small_hits = await asyncio.gather(busy, big, small)
+        await b.stop()
+        return big_hits, small_hits
+
+    big_hits, small_hits = asyncio.run(run())
+    assert state.engine.calls == [1, 4, 1, 4, 4]  # type: ignore[attr-defined]  # small after one slice
+    assert len(big_hits) == 12 and len(small_hits) == 1
+    q = np.stack([x.vector for x in _vectors(12, 1)])  # type: ignore[misc]
+    expected = state.engine.engine.search(q, np.ones(2), 3).rows  # type: ignore[attr-defined]
+    assert [h.rows.tolist() for h in big_hits] == expected.tolist()  # slices reassembled in order
+
+
+def test_queued_work_of_a_disconnected_client_is_dropped(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+
+    async def run() -> None:
+        b = _batcher(Metrics(), max_wait_ms=0, queue_size=100)
+        await b.start()
+        busy = await _hold(b, state)
+        gone = asyncio.Event()
+
+        async def receive() -> dict[str, Any]:  # the ASGI receive of a request whose body was read
+            await gone.wait()
+            return {"type": "http.disconnect"}
+
+        left = asyncio.create_task(b.submit(state, _vectors(5, 1), np.ones(2), 3, receive))
+        stays = asyncio.create_task(b.submit(state, _vectors(2, 2), np.ones(2), 3))
+        await asyncio.sleep(0.01)
+        assert b.depth == 7
+        gone.set()
+        with pytest.raises(ClientClosedError):
+            await left
+        assert b.depth == 2 and b.dropped == 5
+        state.engine.gate.set()  # type: ignore[attr-defined]
+        assert len(await stays) == 2
+        await busy
+        await b.stop()
+
+    asyncio.run(run())
+    assert state.engine.calls == [1, 2]  # type: ignore[attr-defined]  # the 5 dropped queries never ran
