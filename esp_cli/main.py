@@ -21,6 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "bundle-info": ("esp_cli.bundle_info", "validate a bundle and print its summary"),
     "export-st": ("esp_cli.export_st", "export a bundle's query encoder as a sentence-transformers folder"),
     "serve": ("esp_cli.serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),
+    "milvus-load": ("esp_cli.milvus_load", "write a bundle into a Milvus collection (resumable)"),
     "cluster": ("esp_cli.cluster", "cluster keywords on weighted subspace similarity (CSV out)"),
     "eval": ("esp_cli.eval", "run the ESP ablation benchmark, write reports/esp-bench.md + plots"),
 }

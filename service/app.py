@@ -41,7 +41,7 @@ from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from service.registry import RegistryWatcher
 from service.rollout import BundleRollout
-from service.routes import admin, cluster, embeddings, meta, registry, search, ui
+from service.routes import admin, cluster, documents, embeddings, meta, registry, search, ui
 from service.schemas import UNION_TAGS, error_responses
 from service.state import StateHolder
 
@@ -223,6 +223,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(meta.router)
     app.include_router(registry.router, responses=error_responses(404, 422, 503))
     app.include_router(admin.router)
+    app.include_router(documents.router)
     app.include_router(cluster.router)
     app.include_router(embeddings.router)
     app.include_router(ui.router)

@@ -60,6 +60,10 @@ class ReloadRefusedError(FieldError):
     """A new bundle was refused; the served one is kept (-> 409)."""
 
 
+class ReadOnlyIndexError(FieldError):
+    """A write to an index that cannot change in place (an in-process bundle) (-> 409)."""
+
+
 class ErrorKind(StrEnum):
     VALIDATION = "validation_error"
     BAD_REQUEST = "bad_request"
@@ -71,6 +75,7 @@ class ErrorKind(StrEnum):
     UNAUTHORIZED = "unauthorized"
     FORBIDDEN = "forbidden"
     RELOAD_FAILED = "reload_failed"
+    READ_ONLY = "read_only_index"
     CLIENT_CLOSED = "client_closed_request"
     INTERNAL = "internal_error"
 
@@ -86,6 +91,7 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.UNAUTHORIZED: 401,
     ErrorKind.FORBIDDEN: 403,
     ErrorKind.RELOAD_FAILED: 409,
+    ErrorKind.READ_ONLY: 409,
     ErrorKind.CLIENT_CLOSED: 499,
     ErrorKind.INTERNAL: 500,
 }
@@ -99,6 +105,7 @@ ERROR_KINDS: dict[type[Exception], ErrorKind] = {
     UnauthorizedError: ErrorKind.UNAUTHORIZED,
     ForbiddenError: ErrorKind.FORBIDDEN,
     ReloadRefusedError: ErrorKind.RELOAD_FAILED,
+    ReadOnlyIndexError: ErrorKind.READ_ONLY,
     ClientClosedError: ErrorKind.CLIENT_CLOSED,
 }
 

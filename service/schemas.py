@@ -17,12 +17,13 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from service.errors import ErrorKind
+from subspace.filters import FILTER_TAGS, Filter
 
 MAX_TEXT_CHARS = 10_000
 MAX_NAME_CHARS = 200
 
 #: Discriminator tags; they appear in pydantic's error locations and are removed from ``field``.
-UNION_TAGS = frozenset({"By-Name", "In-Order", "Full", "Per-Subspace"})
+UNION_TAGS = frozenset({"By-Name", "In-Order", "Full", "Per-Subspace", *FILTER_TAGS})
 
 MAX_WEIGHT = 1e6  # ratios beyond this are "infinitely more important" anyway; bounds every score
 Weight = Annotated[float, Field(strict=True, ge=0, le=MAX_WEIGHT, allow_inf_nan=False)]
@@ -101,6 +102,11 @@ class SearchRequest(BaseModel):
     operating_point: Name | None = Field(None, description="a named weight vector from the registry")
     experiment: Name | None = Field(None, description="an A/B experiment; needs unit_id")
     unit_id: Name | None = Field(None, description="the unit (user, session) assigned to an arm")
+    filter: Filter | None = Field(
+        None,
+        description="only documents whose metadata (docs.jsonl fields) match: "
+        "{field, eq | in | gt/gte/lt/lte} or {and: [...]}, {or: [...]}, {not: ...}; exact top k among them",
+    )
 
 
 class Hit(BaseModel):

@@ -276,7 +276,7 @@ def load_bundle(
             create_collection(client, settings, layout, schema, desc)
         client.load_collection(name, timeout=timeout)
         done = count_rows(client, name, timeout, f"{ROW} < {n}")
-        start = (done // batch) * batch
+        start = n if done >= n else (done // batch) * batch
         if progress is not None:
             progress(start, n)
         for s in range(start, n, batch):
@@ -322,7 +322,8 @@ class MilvusBackend(Backend):
 
     name: ClassVar[str] = "milvus"
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
-    writable: ClassVar[bool] = True
+    writable: ClassVar[bool] = True  # POST/DELETE /v1/documents
+    native_filters: ClassVar[bool] = True  # takes a CompiledFilter as ``allowed`` (an expression)
 
     def __init__(
         self,

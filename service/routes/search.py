@@ -34,6 +34,7 @@ from starlette.responses import JSONResponse, Response
 from service.batching import QueryHits, QueryInput
 from service.errors import NotReadyError
 from service.exposure import log_search_exposure
+from service.filtering import filter_context, filtered
 from service.metrics import Metrics
 from service.routes.deps import SearchContext, SearchContextDep
 from service.schemas import Query, SearchRequest, SearchResponse, error_responses
@@ -187,15 +188,19 @@ def build_results(
     for h in hits:
         out = []
         rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
-        for row, score, sub in zip(rows, scores, subs, strict=True):
+        # a backend that stores documents itself (milvus) names its hits; rows -1 pad short lists
+        live = state.engine.documents(h.rows[h.rows >= 0]) if hasattr(state.engine, "documents") else None
+        for j, (row, score, sub) in enumerate(zip(rows, scores, subs, strict=True)):
+            if row < 0:
+                break
             hit: dict[str, Any] = {
-                "id": ids[row],
+                "id": ids[row] if live is None else live[j][0],
                 "score": score,
                 "subspace_scores": dict(zip(names, sub, strict=True)),
             }
             size += per_hit + len(hit["id"])
-            if docs is not None:
-                doc = docs[row]
+            doc = live[j][1] if live is not None else docs[row] if docs is not None else None
+            if doc is not None:
                 for key in _DOC_FIELDS:
                     value = doc.get(key)
                     if isinstance(value, str):
@@ -281,6 +286,8 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
         unit_id=body.unit_id,
     )
     queries = prepare_queries(body.queries, state)
+    if body.filter is not None:  # scored in its own engine call, over the rows the filter allows
+        state = filtered(state, filter_context(state).compile(body.filter))
     hits = await ctx.batcher.submit(state, queries, resolved.block_weights, body.k, ctx.receive)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
     _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
