@@ -471,6 +471,10 @@ def _compile(spec: Any, schema: MetadataSchema, where: str, count: list[int]) ->
             f"{where}.field",
         )
     kind = schema.fields[name]
+    for i, v in enumerate([spec.eq] if spec.in_ is None else spec.in_):
+        if isinstance(v, str) and ("\n" in v or "\r" in v):
+            at = f"{where}.eq" if spec.in_ is None else f"{where}.in[{i}]"
+            raise FilterError(f"{at}: filter values cannot contain line breaks", at)
     if spec.eq is not None:
         return Eq(name, kind, coerce_value(kind, spec.eq, f"{where}.eq"))
     if spec.in_ is not None:
@@ -557,8 +561,9 @@ def presence_field(name: str) -> str:
 
 
 def quote(value: Any) -> str:
-    """A literal of Milvus' expression language: strings double-quoted with JSON escapes
-    (non-ASCII kept as UTF-8, so no surrogate pairs), numbers exactly, booleans lower case."""
+    """A literal of Milvus' expression language: strings double-quoted, with ``\\`` and ``\"``
+    escaped and every other character as itself (Milvus unescapes only those two; a raw line
+    break ends the expression, so such values are refused), numbers exactly, booleans lower case."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int):
@@ -568,7 +573,9 @@ def quote(value: Any) -> str:
             raise ValueError("non-finite literal")
         return repr(float(value))
     if isinstance(value, str):
-        return json.dumps(value, ensure_ascii=False)
+        if "\n" in value or "\r" in value:
+            raise ValueError("a string literal cannot hold a line break")
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
     raise TypeError(f"no literal for {type(value).__name__}")
 
 

@@ -606,7 +606,10 @@ class MilvusBackend(Backend):
 
     def delete(self, doc_id: str) -> bool:
         """Delete a document by id; ``False`` when there is none."""
-        known = self._rows_of([doc_id])
+        try:
+            known = self._rows_of([doc_id])
+        except ValueError:  # an id no document can have (a line break)
+            return False
         if doc_id not in known:
             return False
         try:
