@@ -227,6 +227,14 @@ def test_a_bad_vector_shows_the_422_message_beside_the_query(
     k_error = page.locator("[data-field=k] > .error")
     k_error.wait_for(state="visible")
     assert "in k:" in k_error.inner_text() and "k must be between 1 and" in k_error.inner_text()
+
+    # A negative weight typed into the exact-value box: the message lands beside that slider.
+    page.get_by_label("k (hits)").fill(str(K))
+    page.locator("#A-entity-number").fill("-1")
+    w_error = page.locator('#A [data-field="weights.entity"] > .error')
+    w_error.wait_for(state="visible")
+    assert w_error.inner_text().startswith("Error (HTTP 422 validation_error) in weights.entity: ")
+    assert k_error.is_hidden()
     assert_only_the_service(visit, ui_server)
 
 
