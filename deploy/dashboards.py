@@ -156,6 +156,14 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
                Target(f"sum by (result) (increase(esp_bundle_reloads_total{sel()}{RATE}))",
                       "bundle {{result}}")),
               unit="none", width=8),
+        Panel("Bundle rollout: versions served and pods off the named bundle",
+              "Distinct bundle versions served (1 when the fleet agrees; alert ESPBundleVersionsDisagree "
+              "after 10 minutes above 1) and pods not serving the bundle the registry file names "
+              "(esp_bundle_in_sync 0; alert ESPBundleRolloutStuck), with rollout refusals.",
+              (Target(f"count(count by (version) (esp_bundle_info{sel()} == 1))", "versions served"),
+               Target(f"count(esp_bundle_in_sync{sel()} == 0) or vector(0)", "pods off the named bundle"),
+               Target(f"sum(increase(esp_bundle_rollout_refusals_total{sel()}{RATE}))", "refusals")),
+              unit="none", width=24),
     )),
 )
 
