@@ -7,7 +7,14 @@ missing column/field, duplicate id) stops the run with the line number. Empty te
 skipped and counted; texts longer than the encoder's max_length tokens are truncated, as
 queries are, and counted. The new bundle keeps the source's encoder, layout and operating points.
 
+--engine ray encodes on a Ray cluster (--address or RAY_ADDRESS, else a local one): the corpus
+(also .parquet, a folder, or any fsspec URL) read with Ray Data, encoded by a pool of actors
+(one GPU each when the cluster has GPUs), written as checksummed shards under --work-dir and
+assembled into the same bundle; a rerun after a failure skips the finished shards
+(training.ray_index).
+
 Example:  esp index --bundle artifacts/demo/bundle --corpus my_docs.jsonl --out artifacts/my_docs
+          esp index --engine ray --actors 8 --bundle ... --corpus s3://bucket/docs/ --out ...
 """
 
 from __future__ import annotations
@@ -15,6 +22,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import Any
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -31,24 +40,44 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--engine", choices=sorted(ENGINES), default="local",
+                        help="local: this process (default); ray: a Ray cluster")
+    ray = parser.add_argument_group("--engine ray")
+    ray.add_argument("--address", default=None, help="Ray cluster address (default: RAY_ADDRESS, else local)")
+    ray.add_argument("--actors", type=int, default=None,
+                     help="encoder actors (default: one per GPU, else one per --threads CPUs)")
+    ray.add_argument("--shard-size", type=int, default=4096, help="documents per shard (default 4096)")
+    ray.add_argument("--work-dir", default=None, help="shard folder every node sees (default <out>.shards)")
+    ray.add_argument("--keep-work", action="store_true", help="keep the shard folder after success")
+
+
+def _local(args: argparse.Namespace) -> dict[str, Any]:
+    from training.indexing import index_corpus
+
+    return index_corpus(args.bundle, args.corpus, args.out, batch_size=args.batch_size, dtype=args.dtype,
+                        overwrite=args.overwrite, progress=not args.no_progress, threads=args.threads)
+
+
+def _ray(args: argparse.Namespace) -> dict[str, Any]:
+    from training.ray_index import index_corpus_ray
+
+    return index_corpus_ray(
+        args.bundle, args.corpus, args.out, batch_size=args.batch_size, dtype=args.dtype,
+        overwrite=args.overwrite, progress=not args.no_progress, threads=args.threads,
+        address=args.address, actors=args.actors, shard_size=args.shard_size, work_dir=args.work_dir,
+        keep_work=args.keep_work,
+    )
+
+
+#: --engine name -> how it indexes
+ENGINES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"local": _local, "ray": _ray}
 
 
 def run(args: argparse.Namespace) -> int:
     from subspace.bundle import BundleError
     from training.data.corpus import CorpusError
-    from training.indexing import index_corpus
-
     try:
-        summary = index_corpus(
-            args.bundle,
-            args.corpus,
-            args.out,
-            batch_size=args.batch_size,
-            dtype=args.dtype,
-            overwrite=args.overwrite,
-            progress=not args.no_progress,
-            threads=args.threads,
-        )
+        summary = ENGINES[args.engine](args)
     except (CorpusError, BundleError, FileExistsError) as exc:
         print(f"esp index: {exc}", file=sys.stderr)
         return 1
