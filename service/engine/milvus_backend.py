@@ -31,6 +31,7 @@ import hashlib
 import json
 import logging
 import threading
+import uuid
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -100,7 +101,12 @@ def connect(settings: MilvusSettings) -> Any:
         raise BackendUnavailable("milvus: no URI configured (set ESP_MILVUS_URI to a .db file or a server)")
     token = settings.token.get_secret_value() if settings.token is not None else ""
     try:
-        return MilvusClient(uri=settings.uri, token=token, db_name=settings.db_name, timeout=settings.timeout)
+        # an alias of its own: pymilvus shares one connection per URI, and closing a client closes
+        # it for all (a retired engine must not close the connection of the one that replaced it)
+        alias = f"esp-{uuid.uuid4().hex}"
+        return MilvusClient(
+            uri=settings.uri, token=token, db_name=settings.db_name, timeout=settings.timeout, alias=alias
+        )
     except Exception as exc:  # pymilvus raises its own exception types for every connection failure
         raise BackendUnavailable(f"milvus: cannot connect to {settings.uri!r}: {exc}") from exc
 

@@ -1,0 +1,274 @@
+"""Milvus beside the in-process engine: recall@10 against the float64 exact answer and ms per query.
+
+On clustered, block-normalised vectors (3 subspaces) and a grid of weight vectors, one run:
+
+* ``hybrid_weighted_ranker``: Milvus' own multi-vector search, one vector field per subspace,
+  ``hybrid_search`` with one ``AnnSearchRequest`` per field (``limit`` candidates each, FLAT)
+  fused by ``WeightedRanker(w)``: what a Milvus user would do for per-request weights;
+* ``milvus_flat``: our block-scaled query on one concatenated vector field, FLAT index, through
+  the ``milvus`` backend (completeness check + exact re-rank: the exact answer);
+* ``milvus_ivf_flat`` / ``milvus_autoindex`` (and ``milvus_hnsw`` on a server that has it): the
+  same collection re-indexed, candidates re-ranked exactly;
+* ``numpy``: the in-process backend (the anchor; ratios are against it).
+
+Recall@10 is ``|top10 ∩ exact top10| / 10`` per query, averaged per weight vector. Milvus Lite
+runs in a local server process on this machine; a Milvus cluster spreads the same work over its
+query nodes. ``--sizes 100000 1000000``: the 1M run writes 2 x 1M rows into Milvus Lite (slow on
+a small shared CPU); it is opt-in.
+
+Example:  python bench/milvus.py --sizes 100000 --queries 20
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench._common import emit, progress
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+
+WEIGHT_GRID: list[tuple[float, float, float]] = [
+    (1.0, 1.0, 1.0),
+    (1.0, 0.0, 0.0),
+    (0.0, 1.0, 0.0),
+    (0.0, 0.0, 1.0),
+    (1.0, 0.25, 0.05),
+    (0.2, 1.0, 0.2),
+    (0.5, 0.5, 2.0),
+    (1.0, 0.6, 0.0),
+]
+
+
+def clustered(
+    n: int, layout: SubspaceLayout, seed: int, centers: int = 512, chunk: int = 50_000
+) -> np.ndarray:
+    """Rows whose blocks each sit near one of ``centers`` directions (chosen per block, so the
+    combinations vary), block-normalised: structure like real embeddings, unlike Gaussian noise."""
+    rng = np.random.default_rng(seed)
+    cents = []
+    for o in layout:
+        c = rng.standard_normal((centers, o.dim)).astype(np.float32)
+        cents.append(c / np.linalg.norm(c, axis=1, keepdims=True))
+    out = np.empty((n, layout.dim), np.float32)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        r = np.random.default_rng([seed, s])
+        for o, c in zip(layout, cents, strict=True):
+            pick = r.integers(0, centers, e - s)
+            noise = r.standard_normal((e - s, o.dim)).astype(np.float32) / np.sqrt(o.dim)
+            out[s:e, o.offset : o.end] = c[pick] + 0.8 * noise
+        out[s:e] = normalize_blocks(out[s:e], layout)
+    return out
+
+
+def recall(got: np.ndarray, exact: np.ndarray, k: int) -> float:
+    return float(
+        np.mean([len(set(g[:k].tolist()) & set(x[:k].tolist())) / k for g, x in zip(got, exact, strict=True)])
+    )
+
+
+def timed(fn: Any, queries: np.ndarray, w: np.ndarray, k: int) -> tuple[np.ndarray, float]:
+    """One query per call (latency, as a request sees it): rows ``(nq, k)`` and ms per query."""
+    rows = []
+    t0 = time.perf_counter()
+    for q in queries:
+        rows.append(fn(q[None, :], w, k))
+    return np.concatenate(rows), 1000.0 * (time.perf_counter() - t0) / len(queries)
+
+
+def hybrid_collection(client: Any, name: str, corpus: np.ndarray, layout: SubspaceLayout, batch: int) -> None:
+    from pymilvus import DataType, MilvusClient
+
+    if client.has_collection(name):
+        client.drop_collection(name)
+    s = MilvusClient.create_schema(auto_id=False, enable_dynamic_field=False)
+    s.add_field("row", DataType.INT64, is_primary=True)
+    params = client.prepare_index_params()
+    for o in layout:
+        s.add_field(f"v_{o.name}", DataType.FLOAT_VECTOR, dim=o.dim)
+        params.add_index(field_name=f"v_{o.name}", index_type="FLAT", metric_type="IP")
+    client.create_collection(name, schema=s, index_params=params, consistency_level="Strong")
+    for b in range(0, len(corpus), batch):
+        block = corpus[b : b + batch]
+        rows = [
+            {"row": b + i, **{f"v_{o.name}": block[i, o.offset : o.end] for o in layout}}
+            for i in range(len(block))
+        ]
+        client.insert(name, rows)
+    client.flush(name)
+    client.load_collection(name)
+
+
+def hybrid_search(client: Any, name: str, layout: SubspaceLayout, limit: int) -> Any:
+    from pymilvus import AnnSearchRequest, WeightedRanker
+
+    def run(q: np.ndarray, w: np.ndarray, k: int) -> np.ndarray:
+        live = [(o, wk) for o, wk in zip(layout, w.tolist(), strict=True) if wk > 0]
+        reqs = [
+            AnnSearchRequest(
+                data=[q[0, o.offset : o.end]],
+                anns_field=f"v_{o.name}",
+                param={"metric_type": "IP"},
+                limit=limit,
+            )
+            for o, _ in live
+        ]
+        top = max(wk for _, wk in live)  # WeightedRanker takes weights in [0, 1]: the same ranking
+        ranker = WeightedRanker(*[wk / top for _, wk in live])
+        res = client.hybrid_search(name, reqs, ranker, limit=k)
+        got = [int(h["id"]) for h in res[0]][:k]
+        return np.asarray([got + [-1] * (k - len(got))], np.int64)
+
+    return run
+
+
+def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
+    from pymilvus import MilvusClient
+
+    from service.engine.milvus_backend import MilvusBackend, MilvusSettings, load_bundle
+    from subspace.engine.numpy_backend import NumpyBackend
+    from subspace.filters import MetadataSchema
+
+    layout = SubspaceLayout.from_dims(dict(zip(("semantic", "entity", "intent"), args.dims, strict=True)))
+    progress(f"n={n}: data (D={layout.dim})")
+    corpus = clustered(n, layout, seed=1)
+    queries = clustered(args.queries, layout, seed=2)
+    k = 10
+    numpy_engine = NumpyBackend(corpus, layout)
+    exact: dict[tuple[float, ...], np.ndarray] = {}
+    out: dict[str, Any] = {
+        "n": n,
+        "dim": layout.dim,
+        "layout": dict(zip(layout.names, layout.dims, strict=True)),
+    }
+    methods: dict[str, dict[str, Any]] = {}
+
+    def measure(name: str, fn: Any) -> None:
+        per_w, ms = {}, []
+        for w in WEIGHT_GRID:
+            wv = np.asarray(w)
+            rows, t = timed(fn, queries, wv, k)
+            per_w[",".join(map(str, w))] = round(recall(rows, exact[w], k), 4)
+            ms.append(t)
+        methods[name] = {
+            "recall_at_10": per_w,
+            "recall_min": min(per_w.values()),
+            "ms_per_query": round(float(np.mean(ms)), 3),
+        }
+        m = methods[name]
+        progress(f"n={n} {name}: recall min {m['recall_min']}, {m['ms_per_query']} ms/query")
+
+    for w in WEIGHT_GRID:
+        exact[w] = numpy_engine.search(
+            queries, np.asarray(w), k
+        ).rows  # exact float64 top k (engine contract)
+    measure("numpy", lambda q, w, kk: numpy_engine.search(q, w, kk).rows)
+
+    uri = str(workdir / f"bench-{n}.db")
+    settings = MilvusSettings(uri=uri, collection=f"esp_{n}", index="FLAT", timeout=600)
+    progress(f"n={n}: writing the concatenated collection")
+    t0 = time.perf_counter()
+    ids = [str(i) for i in range(n)]
+    load_bundle(settings, layout, corpus, ids, None, schema=MetadataSchema({}), batch=args.batch)
+    out["load_seconds_concatenated"] = round(time.perf_counter() - t0, 1)
+    engine = MilvusBackend(corpus, layout, settings=settings)
+    measure("milvus_flat", lambda q, w, kk: engine.search(q, w, kk).rows)
+    methods["milvus_flat"]["rescans"] = engine.rescans
+    engine.close()
+
+    client = MilvusClient(uri=uri, timeout=600, alias="esp-bench")
+    try:
+        progress(f"n={n}: writing the 3-field collection")
+        t0 = time.perf_counter()
+        hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch)
+        out["load_seconds_three_fields"] = round(time.perf_counter() - t0, 1)
+        for limit in args.hybrid_limits:
+            measure(
+                f"hybrid_weighted_ranker_limit{limit}", hybrid_search(client, f"hybrid_{n}", layout, limit)
+            )
+
+        for index, params in (
+            ("IVF_FLAT", {"nlist": args.nlist}),
+            ("AUTOINDEX", {}),
+            ("HNSW", {"M": 16, "efConstruction": 200}),
+        ):
+            client.release_collection(settings.collection)
+            client.drop_index(settings.collection, "esp_vector")
+            ip = client.prepare_index_params()
+            ip.add_index(field_name="esp_vector", index_type=index, metric_type="IP", params=params)
+            try:
+                client.create_index(settings.collection, ip)
+            except Exception as exc:  # Milvus Lite builds FLAT, IVF_FLAT and AUTOINDEX only
+                methods[f"milvus_{index.lower()}"] = {"skipped": str(exc)[:200]}
+                progress(f"n={n} {index}: not available here ({str(exc)[:120]})")
+                ip = client.prepare_index_params()
+                ip.add_index(field_name="esp_vector", index_type="FLAT", metric_type="IP")
+                client.create_index(settings.collection, ip)
+                continue
+            client.load_collection(settings.collection)
+            for cand in args.candidates:
+                s = settings.model_copy(
+                    update={"nprobe": args.nprobe, "candidates": cand, "ef": max(256, cand)}
+                )
+                approx = MilvusBackend(corpus, layout, settings=s)
+                name = f"milvus_{index.lower()}_c{cand}"
+                measure(name, lambda q, w, kk, e=approx: e.search(q, w, kk).rows)
+                methods[name]["params"] = {**params, "nprobe": args.nprobe, "candidates": cand}
+                approx.close()
+    finally:
+        client.close()
+    anchor = methods["numpy"]["ms_per_query"]
+    for m in methods.values():
+        if "ms_per_query" in m:
+            m["ms_ratio_vs_numpy"] = round(m["ms_per_query"] / anchor, 2)
+    out["methods"] = methods
+    return out
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--sizes", type=int, nargs="+", default=[100_000])
+    p.add_argument(
+        "--dims", type=int, nargs=3, default=[256, 96, 32], help="subspace dims (default 256 96 32)"
+    )
+    p.add_argument("--queries", type=int, default=20, help="queries per weight vector")
+    p.add_argument("--batch", type=int, default=2000, help="rows per insert")
+    p.add_argument("--nlist", type=int, default=1024)
+    p.add_argument("--nprobe", type=int, default=64)
+    p.add_argument(
+        "--candidates", type=int, nargs="+", default=[100, 400], help="approximate: candidates re-ranked"
+    )
+    p.add_argument(
+        "--hybrid-limits", type=int, nargs="+", default=[10, 100], help="per-field limit of hybrid_search"
+    )
+    p.add_argument(
+        "--workdir", type=Path, default=None, help="where the Milvus Lite files go (default: a temp dir)"
+    )
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="esp-milvus-bench-") as tmp:
+        workdir = args.workdir or Path(tmp)
+        runs = [run_size(n, args, workdir) for n in args.sizes]
+    emit(
+        {
+            "bench": "milvus",
+            "k": 10,
+            "queries_per_weight": args.queries,
+            "weights": [list(w) for w in WEIGHT_GRID],
+            "runs": runs,
+            "note": "Milvus Lite 2.5 (local server process) on this machine; ms are one query per call",
+        }
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
