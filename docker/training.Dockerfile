@@ -15,7 +15,9 @@ WORKDIR /src
 COPY requirements.txt pyproject.toml ./
 COPY deploy/pins.py deploy/pins.py
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-RUN python deploy/pins.py train --exclude torch > /tmp/train.txt \
+# EXTRAS="train ray": also Ray Data, for `esp index --engine ray` (k8s-ray/rayjob-esp-index.yaml)
+ARG EXTRAS=train
+RUN python deploy/pins.py ${EXTRAS} --exclude torch > /tmp/train.txt \
     && pip install --index-url "${TORCH_INDEX}" "$(grep -E '^torch==' requirements.txt)" \
     && pip install -r /tmp/train.txt
 
