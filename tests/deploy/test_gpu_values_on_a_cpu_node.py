@@ -42,7 +42,9 @@ def test_gpu_values_on_a_cpu_node_start_a_cpu_backend_and_say_why(tiny_bundle: P
         if key not in _HARNESS and key != "ESP_REGISTRY"
     }
     expected = next(name for name in AUTO_ORDER[env["ESP_PRECISION"]] if name != "cupy")
-    with start_server(tiny_bundle, tmp_path / "server.log", settings=settings, registry=registry) as server:
+    # a generous wait for readiness (torch, the encoder and the warm-up on a shared 2-core machine)
+    log_path = tmp_path / "server.log"
+    with start_server(tiny_bundle, log_path, settings=settings, registry=registry, ready_timeout=300) as server:
         ready = httpx.get(f"{server.url}/readyz", timeout=10)
         assert ready.status_code == 200
         assert ready.json()["backend"] == expected  # the first CPU backend of auto's float16 order
