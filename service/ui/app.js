@@ -99,7 +99,8 @@
   }
 
   function describeError(err) {
-    const where = err.field ? ` in ${err.field}` : "";
+    // The service's messages usually start with the field they name: say it once.
+    const where = err.field && !err.message.startsWith(err.field) ? ` in ${err.field}` : "";
     const status = err.status ? `HTTP ${err.status} ${err.type}` : err.type;
     return `Error (${status})${where}: ${err.message}`;
   }
@@ -256,8 +257,15 @@
       panel.id = `${this.id}-save`;
       const render = () => {
         const name = nameInput.value.trim();
-        if (!NAME_RE.test(name)) {
-          note.textContent = "Error: a name is 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit.";
+        const values = Object.values(this.weights);
+        const problem = !NAME_RE.test(name)
+          ? "Error: a name is 1-64 letters, digits, '_', '-' or '.', starting with a letter or digit."
+          : values.some((w) => !Number.isFinite(w) || w < 0) || !values.some((w) => w > 0)
+            ? "Error: the registry takes weights that are finite, >= 0 and not all zero."
+            : null;
+        out.hidden = problem !== null;
+        if (problem) {
+          note.textContent = problem;
           out.textContent = "";
           return;
         }
