@@ -15,9 +15,10 @@ WORKDIR /src
 COPY requirements.txt pyproject.toml ./
 COPY deploy/pins.py deploy/pins.py
 # torch from the CPU wheel index first (the PyPI Linux wheel pulls ~3 GB of CUDA libraries);
-# the rest at the exact pins of requirements.txt, serve extra only.
+# the rest at the exact pins of requirements.txt: the serve extra and the Milvus client (an
+# external Milvus by URI: ESP_BACKEND=milvus); not Milvus Lite.
 ARG TORCH_INDEX=https://download.pytorch.org/whl/cpu
-RUN python deploy/pins.py serve --exclude torch > /tmp/serve.txt \
+RUN python deploy/pins.py serve milvus --exclude torch > /tmp/serve.txt \
     && pip install --index-url "${TORCH_INDEX}" "$(grep -E '^torch==' requirements.txt)" \
     && pip install -r /tmp/serve.txt
 # Code layer.
