@@ -368,8 +368,11 @@
     return Number.isInteger(k) ? k : input.value;
   }
 
+  // A change supersedes the set's request in flight at once: only the newest answer is shown.
   function schedule(sets) {
     for (const set of sets) {
+      const inFlight = search.controllers.get(set.id);
+      if (inFlight) inFlight.abort();
       clearTimeout(search.timers.get(set.id));
       search.timers.set(set.id, setTimeout(() => runSearch(set), DEBOUNCE_MS));
       column(set).dataset.state = "pending";
@@ -405,6 +408,7 @@
     const started = performance.now();
     try {
       const data = await api("v1/search", { body, signal: controller.signal });
+      if (controller.signal.aborted) return; // answered, but a newer change came first
       search.results.set(set.id, { data, ms: performance.now() - started, seq: ++search.counter });
       col.dataset.state = "ready";
     } catch (err) {
@@ -555,7 +559,9 @@
     clusters.controller = new AbortController();
     out.dataset.state = "loading";
     try {
-      const data = await api("v1/cluster", { body: clusterBody(), signal: clusters.controller.signal });
+      const controller = clusters.controller;
+      const data = await api("v1/cluster", { body: clusterBody(), signal: controller.signal });
+      if (controller.signal.aborted) return;
       clusters.ran = true;
       renderClusters(data);
       out.dataset.state = "ready";
@@ -607,6 +613,8 @@
   function initClusters() {
     const onChange = () => {
       if (!clusters.ran) return;
+      if (clusters.controller) clusters.controller.abort();
+      $("#cluster-out").dataset.state = "pending";
       clearTimeout(clusters.timer);
       clusters.timer = setTimeout(runCluster, DEBOUNCE_MS);
     };
