@@ -18,6 +18,12 @@ reads the answer. :class:`LimitedHttpToolsProtocol` adds, per connection:
   RST) and what the client still sends is read and dropped for up to ``linger_seconds`` (and
   at most :data:`LINGER_MAX_BYTES`), so every client reads its answer.
 
+It also stamps each request's scope with when its headers were complete
+(:data:`RECEIVED`, ``time.monotonic()``), so admission can count the time a request already
+waited for the event loop (:class:`service.middleware.AdmissionMiddleware`), and answers
+uvicorn's connection/concurrency limit (``limit_concurrency``) with the service's error body and
+``Retry-After`` instead of a bare 503.
+
 Settings come from the environment (:func:`service.config.get_settings`, what ``esp serve``
 sets), so the class can be named by its import string (``uvicorn --http
 service.http_limits:LimitedHttpToolsProtocol``), which worker processes can import too.
@@ -29,6 +35,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
@@ -40,6 +47,22 @@ from service.errors import ErrorKind, error_body
 
 #: Bytes a lingering close reads (and drops) at most before it closes anyway.
 LINGER_MAX_BYTES = 64 * 1024 * 1024
+#: Scope key: ``time.monotonic()`` when the request's headers were complete.
+RECEIVED = "esp.received"
+
+
+async def _busy(scope: Any, receive: Any, send: Any) -> None:
+    """The answer past ``limit_concurrency``: 503, the error body, ``Retry-After: 1``."""
+    payload = json.dumps(
+        error_body(ErrorKind.NOT_READY, "too many connections or requests in progress; retry shortly")
+    ).encode()
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        (b"retry-after", b"1"),
+    ]
+    await send({"type": "http.response.start", "status": 503, "headers": headers})
+    await send({"type": "http.response.body", "body": payload})
 
 _KINDS = {408: ErrorKind.BAD_REQUEST, 431: ErrorKind.BAD_REQUEST}
 
@@ -103,6 +126,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._lingered = 0
         self._linger_timer: asyncio.TimerHandle | None = None
         self._body_pending = False  # headers complete, body not yet
+        self._concurrency, self.limit_concurrency = self.limit_concurrency, None  # checked here
 
     # --- connection ------------------------------------------------------------------------
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -177,7 +201,17 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = False
         self._cancel(self._head_timer)
         self._head_timer = None
-        super().on_headers_complete()
+        self.scope[RECEIVED] = time.monotonic()  # type: ignore[literal-required]
+        limit = self._concurrency
+        busy = limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit)
+        app = self.app
+        if busy:
+            self.logger.warning("Exceeded concurrency limit.")
+            self.app = _busy
+        try:
+            super().on_headers_complete()
+        finally:
+            self.app = app
         if self.cycle is not None and not isinstance(self.cycle.transport, _LingeringTransport):
             self.cycle.transport = _LingeringTransport(self, self.transport)  # type: ignore[assignment]
         self._body_pending = True

@@ -8,6 +8,7 @@ route template is read from the scope the router filled in.
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from typing import Any
@@ -16,6 +17,7 @@ from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ErrorKind, error_body
+from service.http_limits import RECEIVED
 from service.logs import REQUEST_ID, request_id_from
 from service.metrics import Metrics
 
@@ -78,9 +80,67 @@ class MetricsMiddleware:
             metrics.child(metrics.request_duration, template).observe(time.perf_counter() - t0)
 
 
-async def _send_json(send: Send, status: int, body: dict[str, Any], *, close: bool = False) -> None:
+class AdmissionMiddleware:
+    """Early 429 for ``POST /v1/search`` when its answer would come after the latency budget.
+
+    Before the body is read or parsed (the cheap way to refuse, so a saturated event loop sheds
+    load instead of parsing work it will refuse): the time the request already waited since its
+    headers were complete (the scope stamp of :mod:`service.http_limits`) plus the micro-batcher's
+    expected wait for one more query (:meth:`service.batching.MicroBatcher.expected_wait`).
+    ``Retry-After`` is the queue's drain time at the measured rate (at least 1 s).
+    """
+
+    def __init__(self, app: ASGIApp, path: str = "/v1/search") -> None:
+        self.app = app
+        self.path = path
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path:
+            refusal = self._refusal(scope)
+            if refusal is not None:
+                message, retry_after = refusal
+                await _send_json(
+                    send, 429, error_body(ErrorKind.OVERLOADED, message),
+                    headers=[(b"retry-after", str(max(1, math.ceil(retry_after))).encode())],
+                )
+                return
+        await self.app(scope, receive, send)
+
+    @staticmethod
+    def _refusal(scope: Scope) -> tuple[str, float] | None:
+        app = scope.get("app")
+        batcher = getattr(getattr(app, "state", None), "batcher", None)
+        budget = getattr(batcher, "latency_budget", None)
+        if batcher is None or budget is None:
+            return None
+        now = time.monotonic()
+        received = scope.get(RECEIVED)
+        waited = now - received if isinstance(received, float) else 0.0
+        ahead = batcher.expected_wait(1, now)
+        if waited + ahead <= budget:
+            return None
+        message = (
+            f"overloaded: this request waited {waited * 1000:.0f} ms for the server and the queries ahead "
+            f"would take about {ahead * 1000:.0f} ms, over the latency budget of {budget * 1000:.0f} ms "
+            "(setting ESP_LATENCY_BUDGET_MS); retry later"
+        )
+        return message, max(ahead, waited)
+
+
+async def _send_json(
+    send: Send,
+    status: int,
+    body: dict[str, Any],
+    *,
+    close: bool = False,
+    headers: list[tuple[bytes, bytes]] | None = None,
+) -> None:
     payload = json.dumps(body).encode()
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode())]
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(payload)).encode()),
+        *(headers or []),
+    ]
     if close:  # the body was not read: the server closes (lingering) instead of reading it all
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})

@@ -119,3 +119,44 @@ def test_queued_work_of_a_disconnected_client_is_dropped(tmp_path: Path) -> None
 
     asyncio.run(run())
     assert state.engine.calls == [1, 2]  # type: ignore[attr-defined]  # the 5 dropped queries never ran
+
+
+def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body_is_read() -> None:
+    from types import SimpleNamespace
+
+    from service.http_limits import RECEIVED
+    from service.middleware import AdmissionMiddleware
+
+    class Batcher:
+        latency_budget = 0.25
+
+        def expected_wait(self, n: int, now: float | None = None) -> float:
+            return 0.05 * n
+
+    reached: list[str] = []
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        reached.append(scope["path"])
+
+    async def receive() -> dict[str, Any]:
+        raise AssertionError("the body must not be read")
+
+    async def run(waited: float, path: str = "/v1/search") -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "method": "POST", "path": path, "headers": [],
+            "app": SimpleNamespace(state=SimpleNamespace(batcher=Batcher())),
+            RECEIVED: time.monotonic() - waited,
+        }
+        await AdmissionMiddleware(app)(scope, receive, send)
+        return sent
+
+    late = asyncio.run(run(waited=0.3))
+    assert late[0]["status"] == 429 and (b"retry-after", b"1") in late[0]["headers"]
+    assert b"latency budget of 250 ms" in late[1]["body"]
+    assert asyncio.run(run(waited=0.1)) == [] and reached == ["/v1/search"]  # 100 + 50 ms: admitted
+    assert asyncio.run(run(waited=0.3, path="/v1/cluster")) == []  # only the search is admitted by wait

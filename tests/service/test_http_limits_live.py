@@ -89,3 +89,22 @@ def test_keep_alive_requests_within_the_limits_are_served(limited: LiveServer) -
     one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     answer = _exchange(limited, one + one + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert answer.count(b"HTTP/1.1 200 OK") == 3
+
+
+def test_past_the_connection_limit_the_answer_is_503_with_retry_after(
+    tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., LiveServer]
+) -> None:
+    emb = normalize_blocks(np.random.default_rng(1).standard_normal((50, 32)).astype(np.float32), LAYOUT)
+    bundle = write_bundle(tmp_path_factory.mktemp("conn") / "b", LAYOUT, emb, [f"d{i}" for i in range(50)])
+    server = server_factory(bundle, max_connections=2)
+    url = urlparse(server.url)
+    with socket.create_connection((url.hostname, url.port), timeout=WAIT) as a, socket.create_connection(
+        (url.hostname, url.port), timeout=WAIT
+    ) as b:
+        a.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert a.recv(65536).startswith(b"HTTP/1.1 200")
+        b.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")  # a third connection is refused below
+        b.recv(65536)
+        answer = _exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert _status(answer) == 503
+    assert b"retry-after: 1" in answer.lower() and b'"type": "not_ready"' in answer

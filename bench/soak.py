@@ -1,0 +1,395 @@
+"""Soak: a bounded run at twice the measured peak, with hot reloads and registry changes; one JSON line.
+
+A real server (``esp serve``, admin token, registry file) serves a synthetic bundle (or
+``--bundle``). The run, all on loopback with :class:`bench.http_load.RawConnection` clients:
+
+1. **unloaded**: one closed-loop caller, one-query vector searches: p50 / p99;
+2. **peak**: ``--peak-concurrency`` closed-loop callers for ``--peak-seconds``: answered/s;
+3. **soak**: open-loop arrivals at ``--overload`` x peak (default 2x) for ``--minutes``
+   (default 10), every request on its own schedule (latency counted from when it was due, so
+   client-side queueing is not hidden), while a hot reload alternates two bundles every
+   ``--reload-every`` seconds (default 60) and the registry file's operating point changes every
+   ``--registry-every`` seconds (default 120).
+
+Reported: answered/s (200s), the 429 share, p50 / p99 of admitted (200) requests against the
+unloaded p50 / p99 (ratios), 5xx count, *lost* requests (no answer, a transport error, any status
+other than 200 / 429 / 503, or a 429 / 503 without ``Retry-After``), the server's RSS and thread
+count at the start and end of the soak (and their ratio across the reloads), reloads and
+registry changes done. Everything runs on this machine's cores (clients, server, engine), so the
+numbers describe this machine under this load, not a dedicated server.
+
+    python bench/soak.py                    # 10 minutes
+    python bench/soak.py --minutes 3        # shorter
+    python bench/soak.py --quick            # a smoke run of about a minute (tests/bench)
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import secrets
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import numpy as np
+
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench import live_server
+from bench._common import emit, machine, progress
+from bench.http_load import DEFAULT_DIMS, RawConnection, synthetic_bundle
+from bench.live_server import LiveServer
+from esp_client.client import search_json
+from subspace.atomic import atomic_write_text
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+
+OP = "soak"  # the operating point every soak request uses (it changes under the run)
+
+
+def registry_doc(names: list[str], step: int) -> dict[str, Any]:
+    """The registry file at change ``step``: the soak operating point's weights move."""
+    weights = dict.fromkeys(names, 1.0)
+    weights[names[step % len(names)]] = 2.0 + step % 3
+    return {"version": 1, "operating_points": {OP: {"weights": weights}}}
+
+
+def proc_stats(pid: int) -> dict[str, float]:
+    status = dict(
+        line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line
+    )
+    return {"rss_mb": round(int(status["VmRSS"].split()[0]) / 1024, 1), "threads": int(status["Threads"])}
+
+
+class Conns:
+    """Idle keep-alive connections, opened on demand (an open-loop client needs many). One idle
+    longer than ``max_idle`` is dropped, not reused: the server closes idle connections (its
+    keep-alive timeout), and a request sent on one it is closing would be lost to the client."""
+
+    def __init__(self, host: str, port: int, max_idle: float = 3.0) -> None:
+        self.host, self.port = host, port
+        self.max_idle = max_idle
+        self.idle: list[tuple[float, RawConnection]] = []
+        self.opened = 0
+
+    async def get(self) -> RawConnection:
+        now = time.monotonic()
+        while self.idle:
+            since, conn = self.idle.pop()
+            if now - since <= self.max_idle:
+                return conn
+            await conn.__aexit__()
+        conn = RawConnection(self.host, self.port)
+        await conn.__aenter__()
+        self.opened += 1
+        return conn
+
+    def put(self, conn: RawConnection) -> None:
+        self.idle.append((time.monotonic(), conn))
+
+    async def close(self) -> None:
+        for _, conn in self.idle:
+            await conn.__aexit__()
+        self.idle.clear()
+
+
+async def send(conn: RawConnection, request: bytes, timeout: float) -> tuple[int, bytes, bool]:
+    """``(status, body, has Retry-After)``; RawConnection.send keeps only the body, so the head is
+    read here too."""
+    if conn._writer is None or conn._reader is None:
+        raise RuntimeError("connection not open")
+    conn._writer.write(request)
+    head = await asyncio.wait_for(conn._reader.readuntil(b"\r\n\r\n"), timeout)
+    lines = head.decode("latin-1").split("\r\n")
+    status = int(lines[0].split(" ", 2)[1])
+    length, retry_after = 0, False
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        name = name.strip().lower()
+        if name == "content-length":
+            length = int(value)
+        elif name == "retry-after":
+            retry_after = True
+    body = await asyncio.wait_for(conn._reader.readexactly(length), timeout)
+    return status, body, retry_after
+
+
+async def closed_loop(
+    conns: Conns, requests: list[bytes], concurrency: int, seconds: float, timeout: float
+) -> tuple[list[float], int]:
+    """``concurrency`` callers, one request in flight each, for ``seconds``: 200 latencies, others."""
+    latencies: list[float] = []
+    other = 0
+    deadline = time.perf_counter() + seconds
+
+    async def caller(w: int) -> None:
+        nonlocal other
+        conn = await conns.get()
+        i = w
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter()
+            status, _, _ = await send(conn, requests[i % len(requests)], timeout)
+            if status == 200:
+                latencies.append(time.perf_counter() - t0)
+            else:
+                other += 1
+            i += concurrency
+        conns.put(conn)
+
+    await asyncio.gather(*(caller(w) for w in range(concurrency)))
+    return latencies, other
+
+
+class Tally:
+    def __init__(self) -> None:
+        self.ok: list[float] = []
+        self.status: dict[int, int] = {}
+        self.no_retry_after = 0
+        self.lost = 0
+        self.lost_reasons: dict[str, int] = {}
+
+    def record(self, status: int | None, latency: float, retry_after: bool, reason: str = "") -> None:
+        if status is None:
+            self.lost += 1
+            self.lost_reasons[reason] = self.lost_reasons.get(reason, 0) + 1
+            return
+        self.status[status] = self.status.get(status, 0) + 1
+        if status == 200:
+            self.ok.append(latency)
+        elif status in (429, 503):
+            if not retry_after:
+                self.no_retry_after += 1
+                self.lost += 1
+        else:
+            self.lost += 1
+            key = f"status {status}"
+            self.lost_reasons[key] = self.lost_reasons.get(key, 0) + 1
+
+
+async def open_loop(
+    conns: Conns, requests: list[bytes], rate: float, seconds: float, timeout: float
+) -> Tally:
+    """Requests due at ``rate``/s for ``seconds``, each sent on an idle connection when due."""
+    tally = Tally()
+    start = time.perf_counter()
+    pending: set[asyncio.Task[None]] = set()
+
+    async def one(i: int, due: float) -> None:
+        try:
+            conn = await conns.get()
+        except OSError as exc:
+            tally.record(None, 0.0, False, f"connect: {type(exc).__name__}")
+            return
+        try:
+            status, _, retry_after = await send(conn, requests[i % len(requests)], timeout)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
+            tally.record(None, 0.0, False, type(exc).__name__)
+            await conn.__aexit__()
+            return
+        tally.record(status, time.perf_counter() - due, retry_after)
+        conns.put(conn)
+
+    i = 0
+    while True:
+        now = time.perf_counter()
+        if now - start >= seconds:
+            break
+        due_count = int((now - start) * rate) - i
+        for _ in range(max(0, due_count)):
+            task = asyncio.create_task(one(i, start + i / rate))
+            pending.add(task)
+            task.add_done_callback(pending.discard)
+            i += 1
+        await asyncio.sleep(0.001)
+    if pending:
+        await asyncio.gather(*pending)
+    return tally
+
+
+def pct(values: list[float], q: float) -> float | None:
+    return round(float(np.percentile(np.array(values) * 1000, q)), 2) if values else None
+
+
+async def operate(
+    server: LiveServer,
+    bundles: list[Path],
+    registry: Path,
+    names: list[str],
+    *,
+    args: argparse.Namespace,
+    seconds: float,
+    samples: list[dict[str, Any]],
+) -> dict[str, Any]:
+    """Reload every ``reload_every`` s and change the registry every ``registry_every`` s."""
+    done: dict[str, Any] = {"reloads": 0, "reload_failures": 0, "registry_changes": 0, "reload_seconds": []}
+    start = time.monotonic()
+    next_reload, next_registry = args.reload_every, args.registry_every
+    async with httpx.AsyncClient(base_url=server.url, timeout=120) as http:
+        while time.monotonic() - start < seconds - 1:
+            t = time.monotonic() - start
+            if t >= next_registry:
+                done["registry_changes"] += 1
+                atomic_write_text(registry, json.dumps(registry_doc(names, done["registry_changes"])))
+                next_registry += args.registry_every
+            if t >= next_reload:
+                target = bundles[(done["reloads"] + 1) % len(bundles)]
+                t0 = time.monotonic()
+                try:
+                    r = await http.post(
+                        "/v1/admin/reload", json={"path": str(target)},
+                        headers={"authorization": f"Bearer {server.token}"},
+                    )
+                    ok, why = r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}"
+                except httpx.HTTPError as exc:
+                    ok, why = False, f"{type(exc).__name__}: {exc}"
+                done["reloads" if ok else "reload_failures"] += 1
+                done["reload_seconds"].append(round(time.monotonic() - t0, 2))
+                if not ok:
+                    done.setdefault("reload_errors", []).append(why)
+                samples.append({"t": round(t, 1), **proc_stats(server.proc.pid)})
+                next_reload += args.reload_every
+            await asyncio.sleep(0.2)
+    return done
+
+
+async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
+    layout = SubspaceLayout.from_dims(DEFAULT_DIMS)
+    if args.bundle is not None:
+        bundles = [args.bundle.resolve(), args.bundle.resolve()]
+    else:
+        progress(f"synthetic bundles: 2 x {args.docs} docs")
+        bundles = [synthetic_bundle(tmp / f"b{s}", args.docs, seed=s) for s in range(2)]
+    from subspace.bundle import read_manifest
+
+    names = [o["name"] for o in read_manifest(bundles[0])["layout"]["objectives"]]
+    dim = sum(int(o["dim"]) for o in read_manifest(bundles[0])["layout"]["objectives"])
+    if args.bundle is None:
+        assert dim == layout.dim
+    registry = tmp / "registry.json"
+    atomic_write_text(registry, json.dumps(registry_doc(names, 0)))
+    token = "soak-" + secrets.token_hex(8)
+    settings = {
+        "backend": args.backend, "threads": args.threads or None, "registry_poll_seconds": 1,
+        "latency_budget_ms": args.latency_budget_ms,
+    }
+    server = live_server.start_server(
+        bundles[0], tmp / "server.log", settings=settings, token=token, registry=registry,
+        args=["--log-level", "warning", "--no-access-log"], ready_timeout=300,
+    )
+    try:
+        split = urlsplit(server.url)
+        host, port = split.hostname or "127.0.0.1", split.port or 80
+        rng = np.random.default_rng(0)
+        q = normalize_blocks(rng.standard_normal((512, dim)).astype(np.float32), SubspaceLayout.from_dict(
+            read_manifest(bundles[0])["layout"]))
+        requests = [
+            RawConnection.request_bytes(
+                host, port, "/v1/search",
+                json.dumps({**search_json(row[None], k=args.k), "operating_point": OP}).encode(),
+            )
+            for row in q
+        ]
+        conns = Conns(host, port)
+        progress("unloaded: one closed-loop caller")
+        await closed_loop(conns, requests, 1, 1.0, args.timeout)  # warm
+        unloaded, _ = await closed_loop(conns, requests, 1, args.unloaded_seconds, args.timeout)
+        progress(f"peak: {args.peak_concurrency} closed-loop callers")
+        peak_lat, peak_other = await closed_loop(
+            conns, requests, args.peak_concurrency, args.peak_seconds, args.timeout
+        )
+        peak = len(peak_lat) / args.peak_seconds
+        rate = args.overload * peak
+        seconds = args.minutes * 60
+        progress(f"soak: {rate:.0f}/s offered ({args.overload}x the peak {peak:.0f}/s), {seconds:.0f}s")
+        samples = [{"t": 0.0, **proc_stats(server.proc.pid)}]
+        c0 = time.perf_counter()
+        tally, ops = await asyncio.gather(
+            open_loop(conns, requests, rate, seconds, args.timeout),
+            operate(server, bundles, registry, names, args=args, seconds=seconds, samples=samples),
+        )
+        elapsed = time.perf_counter() - c0
+        samples.append({"t": round(elapsed, 1), **proc_stats(server.proc.pid)})
+        await conns.close()
+    finally:
+        server.stop()
+    after_reloads = samples[1:]
+    first, last = (after_reloads[0], after_reloads[-1]) if after_reloads else (samples[0], samples[-1])
+    total = sum(tally.status.values()) + tally.lost_reasons.get("connect: OSError", 0)
+    answered = tally.status.get(200, 0)
+    unloaded_p99 = pct(unloaded, 99)
+    admitted_p99 = pct(tally.ok, 99)
+    fivexx = sum(n for s, n in tally.status.items() if s >= 500)
+    return {
+        "bench": "soak",
+        "minutes": args.minutes,
+        "bundle": str(args.bundle) if args.bundle else f"synthetic {args.docs} x {dim}",
+        "backend": args.backend,
+        "latency_budget_ms": args.latency_budget_ms,
+        "unloaded": {"requests": len(unloaded), "p50_ms": pct(unloaded, 50), "p99_ms": unloaded_p99},
+        "peak": {"concurrency": args.peak_concurrency, "answered_per_s": round(peak, 1),
+                 "p99_ms": pct(peak_lat, 99), "not_200": peak_other},
+        "offered_per_s": round(rate, 1),
+        "answered_per_s": round(answered / elapsed, 1),
+        "requests": total + tally.lost,
+        "statuses": {str(k): v for k, v in sorted(tally.status.items())},
+        "share_429": round(tally.status.get(429, 0) / max(1, total), 4),
+        "admitted_p50_ms": pct(tally.ok, 50),
+        "admitted_p99_ms": admitted_p99,
+        "admitted_p99_over_unloaded_p99": round(admitted_p99 / unloaded_p99, 2)
+        if admitted_p99 and unloaded_p99 else None,
+        "count_5xx": fivexx,
+        "lost": tally.lost,
+        "lost_reasons": tally.lost_reasons,
+        "refusals_without_retry_after": tally.no_retry_after,
+        "connections_opened": conns.opened,
+        **ops,
+        "rss_mb": {
+            "start": samples[0]["rss_mb"], "after_first_reload": first["rss_mb"], "end": last["rss_mb"]
+        },
+        "threads": {
+            "start": samples[0]["threads"], "after_first_reload": first["threads"], "end": last["threads"]
+        },
+        "rss_end_over_first_reload": round(last["rss_mb"] / first["rss_mb"], 3),
+        "threads_end_over_first_reload": round(last["threads"] / first["threads"], 3),
+        "samples": samples,
+        "machine": machine(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--minutes", type=float, default=10.0, help="soak length (default 10)")
+    p.add_argument("--quick", action="store_true", help="a smoke run: small corpus, ~1 minute in all")
+    p.add_argument("--bundle", type=Path, help="serve this bundle (reloaded onto itself); default synthetic")
+    p.add_argument("--docs", type=int, default=24884, help="synthetic corpus size (default: the demo's)")
+    p.add_argument("--backend", default="numpy")
+    p.add_argument("--threads", type=int, default=None)
+    p.add_argument("--k", type=int, default=10)
+    p.add_argument("--overload", type=float, default=2.0, help="offered load as a multiple of the peak")
+    p.add_argument("--reload-every", type=float, default=60.0, help="seconds between hot reloads")
+    p.add_argument("--registry-every", type=float, default=120.0, help="seconds between registry changes")
+    p.add_argument("--peak-concurrency", type=int, default=32)
+    p.add_argument("--peak-seconds", type=float, default=15.0)
+    p.add_argument("--unloaded-seconds", type=float, default=10.0)
+    p.add_argument("--latency-budget-ms", type=float, default=None, help="server setting (default: its own)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take before it is lost")
+    args = p.parse_args(argv)
+    if args.quick:
+        args.minutes, args.docs = min(args.minutes, 0.5), min(args.docs, 5000)
+        args.reload_every, args.registry_every = 6.0, 12.0
+        args.peak_seconds, args.unloaded_seconds = 4.0, 3.0
+    with tempfile.TemporaryDirectory(prefix="esp-soak-") as tmp:
+        result = asyncio.run(run(args, Path(tmp)))
+    emit(result)
+    return 0 if result["count_5xx"] == 0 and result["lost"] == 0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
