@@ -38,15 +38,10 @@ from service.errors import (
 from service.exposure import ExposureLog
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
-from service.middleware import (
-    AdmissionMiddleware,
-    BodyLimitMiddleware,
-    MetricsMiddleware,
-    RequestIdMiddleware,
-)
+from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
 from service.registry import RegistryWatcher
 from service.rollout import BundleRollout
-from service.routes import admin, cluster, documents, embeddings, meta, registry, search, ui
+from service.routes import admin, cluster, docs, documents, embeddings, meta, registry, search, ui
 from service.schemas import UNION_TAGS, error_responses
 from service.state import StateHolder
 
@@ -214,6 +209,8 @@ def create_app(settings: Settings | None = None) -> FastAPI:
         title="ESP retrieval",
         version="0.1.0",
         summary="Exact multi-subspace kNN with per-request weights (Embedding Subspace Partitioning).",
+        docs_url=None,  # /docs and /redoc come from service.routes.docs: assets served, no CDN
+        redoc_url=None,
         lifespan=lifespan,
         telemetry=None if settings.otel else {"tracing": False, "metrics": False, "logs": False},
     )
@@ -221,7 +218,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.metrics = Metrics()
     app.state.holder = StateHolder()
     _install_error_handlers(app)
-    app.add_middleware(AdmissionMiddleware)  # innermost: a late search is refused before its body is read
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line of a request carries its id
@@ -232,5 +228,6 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.include_router(documents.router)
     app.include_router(cluster.router)
     app.include_router(embeddings.router)
+    app.include_router(docs.router)
     app.include_router(ui.router)
     return app

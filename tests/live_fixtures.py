@@ -87,6 +87,34 @@ def rebundle(src: Path, out: Path, *, seed: int, corrupt: bool = False) -> Path:
     return out
 
 
+def vectors_only(src: Path, out: Path, *, seed: int | None = None, corrupt: bool = False) -> Path:
+    """``src``'s layout and ids without the encoder (a server on it is ready in seconds): its
+    embeddings, or seeded ones (a different version) with ``seed``. ``corrupt``: flip bytes in
+    the embeddings after writing, so the checksum in the (unchanged) manifest no longer matches."""
+    b = read_bundle(src)
+    emb = np.asarray(b.embeddings)
+    if seed is not None:
+        emb = normalize_blocks(np.random.default_rng(seed).standard_normal(emb.shape).astype(np.float32), b.layout)
+    write_bundle(out, b.layout, emb, b.ids)
+    if corrupt:
+        path = out / "embeddings.npy"
+        data = bytearray(path.read_bytes())
+        data[-8:] = bytes(255 - x for x in data[-8:])
+        path.write_bytes(bytes(data))
+    return out
+
+
+@pytest.fixture(scope="session")
+def vectors_served(served_bundle: Path, registry_file: Path, admin_token: str,
+                   server_factory: Callable[..., LiveServer], tmp_path_factory: pytest.TempPathFactory
+                   ) -> LiveServer:
+    """Like ``served`` (registry, token, limits) on the tiny bundle's vectors without its encoder:
+    for tests that need a live server but no text queries (ready in seconds, not a model load)."""
+    bundle = vectors_only(served_bundle, tmp_path_factory.mktemp("vectors-served") / "bundle")
+    return server_factory(bundle, token=admin_token, registry=registry_file, max_queries=8, max_k=50,
+                          max_body_bytes=65536)
+
+
 @pytest.fixture(scope="session")
 def served_bundle(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Path:
     dest = tmp_path_factory.mktemp("served") / "bundle"

@@ -15,7 +15,7 @@ import pytest
 from bench.live_server import LiveServer
 from service.config import Settings
 from service.exposure import ExposureLog, unit_sampled
-from subspace.bundle import read_bundle, write_bundle
+from tests.live_fixtures import vectors_only
 
 SALT = "exp-salt"
 
@@ -30,8 +30,7 @@ def exposure_server(
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[LiveServer, Path]:
     root = tmp_path_factory.mktemp("exposure")
-    b = read_bundle(served_bundle)  # vectors only: the server is ready in seconds
-    bundle = write_bundle(root / "bundle", b.layout, np.asarray(b.embeddings), b.ids)
+    bundle = vectors_only(served_bundle, root / "bundle")  # no encoder: ready in seconds
     path = root / "logs" / "exposure.jsonl"
     server = server_factory(
         bundle, registry=registry_file, exposure_log="file", exposure_log_path=path,

@@ -9,11 +9,10 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import numpy as np
 
 from bench.live_server import LiveServer
 from service.metrics import PROCESS_METRIC_NAMES
-from subspace.bundle import read_bundle, write_bundle
+from tests.live_fixtures import vectors_only
 
 
 def _records(server: LiveServer) -> list[dict]:
@@ -25,20 +24,20 @@ def _records(server: LiveServer) -> list[dict]:
     return out
 
 
-def test_json_lines_carry_the_request_id_the_response_echoes(served: LiveServer) -> None:
+def test_json_lines_carry_the_request_id_the_response_echoes(vectors_served: LiveServer) -> None:
     given = "caller-id.42"
-    r = httpx.post(f"{served.url}/v1/search", json={"queries": [{"text": "bank"}], "k": 2},
+    r = httpx.post(f"{vectors_served.url}/v1/search", json={"queries": [{"vector": [1.0] * 32}], "k": 2},
                    headers={"X-Request-ID": given}, timeout=30)
     assert r.status_code == 200 and r.headers["x-request-id"] == given
-    bad = httpx.get(f"{served.url}/v1/layout", headers={"X-Request-ID": "no spaces allowed"}, timeout=30)
+    bad = httpx.get(f"{vectors_served.url}/v1/layout", headers={"X-Request-ID": "no spaces allowed"}, timeout=30)
     made = bad.headers["x-request-id"]
     assert made != "no spaces allowed" and len(made) == 32
-    missing = httpx.post(f"{served.url}/v1/search", json={"queries": []}, timeout=30)
+    missing = httpx.post(f"{vectors_served.url}/v1/search", json={"queries": []}, timeout=30)
     assert missing.status_code == 422 and len(missing.headers["x-request-id"]) == 32
 
     def access_line(request_id: str) -> dict:
         for _ in range(50):  # the access line is written right after the response starts
-            lines = [x for x in _records(served)
+            lines = [x for x in _records(vectors_served)
                      if x.get("request_id") == request_id and x["logger"] == "uvicorn.access"]
             if lines:
                 return lines[0]
@@ -50,21 +49,15 @@ def test_json_lines_carry_the_request_id_the_response_echoes(served: LiveServer)
     assert access_line(made)["path"] == "/v1/layout"
     assert access_line(missing.headers["x-request-id"])["status"] == 422
     # the service's own lines (bundle loading) are JSON too, outside any request
-    assert any(x["logger"].startswith("service.") and x["request_id"] is None for x in _records(served))
+    assert any(x["logger"].startswith("service.") and x["request_id"] is None for x in _records(vectors_served))
 
 
-def test_process_and_gc_metrics_are_exposed(served: LiveServer) -> None:
-    text = httpx.get(f"{served.url}/metrics", timeout=30).text
+def test_process_and_gc_metrics_are_exposed(vectors_served: LiveServer) -> None:
+    text = httpx.get(f"{vectors_served.url}/metrics", timeout=30).text
     names = {line.split("{")[0].split(" ")[0] for line in text.splitlines() if not line.startswith("#")}
     assert set(PROCESS_METRIC_NAMES) <= names, set(PROCESS_METRIC_NAMES) - names
     rss = next(float(x.split()[1]) for x in text.splitlines() if x.startswith("process_resident_memory_bytes"))
     assert rss > 10e6  # a process holding torch and a bundle
-
-
-def vectors_only(src: Path, out: Path) -> Path:
-    """``src``'s embeddings and ids without the encoder: a server on it is ready in seconds."""
-    b = read_bundle(src)
-    return write_bundle(out, b.layout, np.asarray(b.embeddings), b.ids)
 
 
 def test_text_format_for_a_terminal(

@@ -10,31 +10,15 @@ from collections.abc import Callable
 from pathlib import Path
 
 import httpx
-import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
 from service.rollout import manifest_sha256
 from subspace.atomic import atomic_write_text
-from subspace.bundle import read_bundle, write_bundle
-from subspace.scoring import normalize_blocks
-from tests.live_fixtures import REGISTRY_DOC
+from subspace.bundle import read_bundle
+from tests.live_fixtures import REGISTRY_DOC, vectors_only
 
 POLL = 0.5
-
-
-def vectors_bundle(src: Path, out: Path, seed: int, *, corrupt: bool = False) -> Path:
-    """``src``'s layout and ids, seeded embeddings (hence its own version), no encoder."""
-    b = read_bundle(src)
-    emb = normalize_blocks(np.random.default_rng(seed).standard_normal(b.embeddings.shape).astype(np.float32),
-                           b.layout)
-    write_bundle(out, b.layout, emb, b.ids)
-    if corrupt:  # the manifest (and so its digest) stays; the embeddings no longer match it
-        path = out / "embeddings.npy"
-        data = bytearray(path.read_bytes())
-        data[-8:] = bytes(255 - x for x in data[-8:])
-        path.write_bytes(bytes(data))
-    return out
 
 
 def name_bundle(registry: Path, bundle: Path, sha256: str | None = None) -> None:
@@ -64,9 +48,9 @@ def fleet(served_bundle: Path, server_factory: Callable[..., LiveServer],
           tmp_path_factory: pytest.TempPathFactory) -> tuple[list[LiveServer], Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("fleet")
     bundles = {
-        "a": vectors_bundle(served_bundle, root / "a", seed=1),
-        "b": vectors_bundle(served_bundle, root / "b", seed=2),
-        "corrupt": vectors_bundle(served_bundle, root / "corrupt", seed=3, corrupt=True),
+        "a": vectors_only(served_bundle, root / "a", seed=1),
+        "b": vectors_only(served_bundle, root / "b", seed=2),
+        "corrupt": vectors_only(served_bundle, root / "corrupt", seed=3, corrupt=True),
     }
     registry = root / "registry.json"
     name_bundle(registry, bundles["a"])

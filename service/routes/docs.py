@@ -1,0 +1,103 @@
+"""``/docs`` (Swagger UI) and ``/redoc`` (ReDoc) with their assets served by the service itself.
+
+FastAPI's own pages load Swagger UI and ReDoc from a CDN (and ReDoc its fonts from Google), so
+they render blank in an air-gapped cluster. These pages load the same tools from files shipped
+in a pinned package (``fastapi-offline``: ``swagger-ui-bundle.js``, ``swagger-ui.css``,
+``redoc.standalone.js``, ``favicon.png``), served under ``/docs/assets/``, and the OpenAPI
+document from the app; nothing else. :data:`ASSETS` is the only list of files served
+(name -> media type); any other name is 404. One byte string is changed on the way: ReDoc's
+sidebar shows a logo from its CDN (the img hides itself when that fails), so the service
+points it at the favicon it serves (:data:`REWRITES`) and the page asks nothing of the outside.
+URLs honour the ASGI ``root_path`` (a proxy's path prefix), as FastAPI's pages do. Not part of
+the OpenAPI document.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+from importlib.resources import files
+from pathlib import Path
+from typing import Annotated
+
+from fastapi import APIRouter, Request
+from fastapi import Path as PathParam
+from fastapi.openapi.docs import get_redoc_html, get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
+from fastapi.responses import FileResponse, HTMLResponse, Response
+
+from service.errors import NotFoundError
+
+#: The package folder holding the assets (a pinned dependency, see requirements.txt).
+ASSET_DIR = Path(str(files("fastapi_offline") / "static"))
+ASSET_PREFIX = "/docs/assets"
+
+ASSETS: dict[str, str] = {
+    "swagger-ui-bundle.js": "text/javascript; charset=utf-8",
+    "swagger-ui.css": "text/css; charset=utf-8",
+    "redoc.standalone.js": "text/javascript; charset=utf-8",
+    "favicon.png": "image/png",
+}
+
+#: name -> (bytes, replacement): CDN references inside an asset, pointed at served files
+#: (relative to the page, so a proxy's path prefix keeps working).
+REWRITES: dict[str, tuple[bytes, bytes]] = {
+    "redoc.standalone.js": (
+        b'src:"https://cdn.redoc.ly/redoc/logo-mini.svg"', b'src:"docs/assets/favicon.png"'
+    ),
+}
+
+#: The assets change only with the pinned package: cache them for a day.
+_HEADERS = {"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": "nosniff"}
+
+router = APIRouter(include_in_schema=False)
+
+
+def _root(request: Request) -> str:
+    return str(request.scope.get("root_path", "")).rstrip("/")
+
+
+@router.get("/docs")
+async def swagger_ui(request: Request) -> HTMLResponse:
+    root = _root(request)
+    app = request.app
+    return get_swagger_ui_html(
+        openapi_url=f"{root}{app.openapi_url}",
+        title=f"{app.title} - Swagger UI",
+        oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
+        swagger_js_url=f"{root}{ASSET_PREFIX}/swagger-ui-bundle.js",
+        swagger_css_url=f"{root}{ASSET_PREFIX}/swagger-ui.css",
+        swagger_favicon_url=f"{root}{ASSET_PREFIX}/favicon.png",
+    )
+
+
+@router.get("/docs/oauth2-redirect")
+async def swagger_ui_redirect() -> HTMLResponse:
+    return get_swagger_ui_oauth2_redirect_html()
+
+
+@router.get("/redoc")
+async def redoc(request: Request) -> HTMLResponse:
+    root = _root(request)
+    app = request.app
+    return get_redoc_html(
+        openapi_url=f"{root}{app.openapi_url}",
+        title=f"{app.title} - ReDoc",
+        redoc_js_url=f"{root}{ASSET_PREFIX}/redoc.standalone.js",
+        redoc_favicon_url=f"{root}{ASSET_PREFIX}/favicon.png",
+        with_google_fonts=False,
+    )
+
+
+@lru_cache(maxsize=len(REWRITES))
+def _rewritten(name: str) -> bytes:
+    old, new = REWRITES[name]
+    return (ASSET_DIR / name).read_bytes().replace(old, new)
+
+
+@router.get(f"{ASSET_PREFIX}/{{name}}")
+async def asset(name: Annotated[str, PathParam(max_length=64)]) -> Response:
+    media_type = ASSETS.get(name)
+    if media_type is None:
+        raise NotFoundError(f"no such docs asset: {name!r}; files: {sorted(ASSETS)}", "name")
+    if name in REWRITES:
+        return Response(_rewritten(name), media_type=media_type, headers=_HEADERS)
+    return FileResponse(ASSET_DIR / name, media_type=media_type, headers=_HEADERS)
