@@ -19,6 +19,7 @@ import torch
 from tests.training.ddp_worker import ddp_config, flat_params
 
 ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # a Ray cluster / torchrun processes per module
 STEPS = 4
 
 

@@ -24,6 +24,7 @@ from subspace.bundle import read_bundle
 from training.data.corpus import CorpusError, read_corpus
 
 ray = pytest.importorskip("ray")
+pytestmark = pytest.mark.slow  # a Ray cluster / torchrun processes per module
 
 ROOT = Path(__file__).resolve().parents[2]
 
