@@ -57,8 +57,8 @@ class ArrayScanBackend(Backend):
     Storage: ``float32`` scans the master itself; ``float16`` keeps a half-size copy;
     ``bfloat16`` keeps the bit patterns (uint16) and widens each chunk to float32 before the
     product (neither numpy nor cupy multiplies bfloat16). The master stays as given on the host
-    and, for a device module, is copied to the device once for the re-rank (shared with the
-    scan copy when both are float32). This class itself runs on numpy: the reference the device
+    and, for a device module, is copied to the device once for the re-rank (the scan copy
+    itself when the storage dtype is the master's). This class itself runs on numpy: the reference the device
     backend is tested against, and the code path the CPU suite runs.
     """
 
