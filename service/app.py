@@ -44,6 +44,7 @@ from service.rollout import BundleRollout
 from service.routes import admin, cluster, docs, documents, embeddings, meta, registry, search, ui
 from service.schemas import UNION_TAGS, error_responses
 from service.state import StateHolder
+from service.tracing import Tracing
 
 log = logging.getLogger(__name__)
 
@@ -192,6 +193,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         await app.state.rollout.stop()
         await app.state.registry.stop()
         app.state.exposure.close()
+        app.state.tracing.flush()
         served = app.state.holder.current
         if served is not None:
             served.retire()  # its engine's threads stop with the app
@@ -217,6 +219,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.holder = StateHolder()
+    app.state.tracing = Tracing.from_settings(settings)  # spans of each search (service.tracing)
     _install_error_handlers(app)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)

@@ -94,6 +94,9 @@ class Request:
     slices: deque[Job] = field(default_factory=deque)
     results: list[QueryHits | None] = field(default_factory=list)
     open_slices: int = 0
+    #: (stage, start ns, end ns, attributes) of its batches, wall clock, when traced (service.tracing)
+    stages: list[tuple[str, int, int, dict[str, Any]]] | None = None
+    queued_ns: int = 0
 
     def deliver(self, job: Job, hits: list[QueryHits] | BaseException) -> None:
         """A slice's answer; the request's future resolves with the last one (or the first error)."""
@@ -124,11 +127,26 @@ class Job:
         return len(self.queries)
 
 
+def _record_stages(
+    requests: Sequence[Request], started_ns: int, encode_ns: tuple[int, int], engine_ns: tuple[int, int],
+    attributes: dict[str, Any],
+) -> None:
+    """The batch's stages into each traced request's ``stages`` (once per request per batch)."""
+    for req in dict.fromkeys(requests):  # a request's slices may share a batch
+        assert req.stages is not None
+        req.stages.append(("esp.search.queue_wait", req.queued_ns, started_ns, {}))
+        if encode_ns[1]:
+            req.stages.append(("esp.search.encode", *encode_ns, attributes))
+        req.stages.append(("esp.search.engine", *engine_ns, attributes))
+
+
 def _score_group(jobs: Sequence[Job], metrics: Metrics) -> list[list[QueryHits]]:
     """Encode the texts of ``jobs`` (one encoder call) and score all rows in one engine call."""
     state = jobs[0].state
     layout = state.layout
     nq = sum(j.size for j in jobs)
+    started_ns = time.time_ns()
+    traced = [j.request for j in jobs if j.request.stages is not None]
     queries = np.empty((nq, layout.dim), dtype=np.float32)
     weights = np.empty((nq, len(layout)), dtype=np.float64)
     text_rows: list[int] = []
@@ -150,17 +168,24 @@ def _score_group(jobs: Sequence[Job], metrics: Metrics) -> list[list[QueryHits]]
     if vectors:
         # the whole micro-batch at once, off the event loop; prescaled: request values may be huge
         queries[vector_rows] = normalize_blocks(np.stack(vectors, dtype=np.float64), layout, prescale=True)
+    encode_ns = (0, 0)
     if texts:
         t0 = time.perf_counter()
+        encode_ns = (time.time_ns(), 0)
         queries[text_rows] = state.encode(texts)
+        encode_ns = (encode_ns[0], time.time_ns())
         metrics.encode_duration.observe(time.perf_counter() - t0)
     k = max(j.k for j in jobs)
     # Rank is invariant to scaling a row's weights: score with max weight 1 so tiny (or large)
     # weights cannot underflow (overflow) the engine's float32 scan, then scale the scores back.
     peak = weights.max(axis=1, keepdims=True)
     t0 = time.perf_counter()
+    engine_start_ns = time.time_ns()
     res = state.search(queries, weights / peak, k)
     metrics.engine_duration.labels(backend=state.engine.name).observe(time.perf_counter() - t0)
+    if traced:
+        _record_stages(traced, started_ns, encode_ns, (engine_start_ns, time.time_ns()),
+                       {"esp.batch_size": nq, "esp.texts": len(texts), "esp.backend": state.engine.name})
     metrics.batch_size.observe(nq)
     out: list[list[QueryHits]] = []
     row = 0
@@ -285,13 +310,17 @@ class MicroBatcher:
         block_weights: np.ndarray,
         k: int,
         receive: Receive | None = None,
+        *,
+        stages: list[tuple[str, int, int, dict[str, Any]]] | None = None,
     ) -> list[QueryHits]:
         """Queue the queries; return one :class:`QueryHits` per query, in order.
 
         Raises :class:`OverloadedError` (429, Retry-After) when the queue cannot take them or
         they would wait longer than the latency budget, :class:`NotReadyError` (503) once the
         batcher is stopping, and :class:`ClientClosedError` when ``receive`` (the request's
-        ASGI receive) reports a disconnect while they wait.
+        ASGI receive) reports a disconnect while they wait. ``stages``: a list that receives the
+        wall-clock times of queue wait, encode and engine of the batches that serve these
+        queries (:mod:`service.tracing`), or None.
         """
         if self._closed or self._task is None:
             raise NotReadyError("the service is shutting down")
@@ -299,7 +328,7 @@ class MicroBatcher:
         self._admit(n)
         waits = bool(self._queue or self._inflight)
         loop = asyncio.get_running_loop()
-        req = Request(loop.create_future(), n, results=[None] * n)
+        req = Request(loop.create_future(), n, results=[None] * n, stages=stages, queued_ns=time.time_ns())
         step = self.max_batch
         for off in range(0, n, step):
             req.slices.append(Job(state, queries[off : off + step], block_weights, k, req, off))

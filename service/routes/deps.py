@@ -21,6 +21,7 @@ from service.exposure import ExposureLog
 from service.metrics import Metrics
 from service.registry import RegistryWatcher
 from service.state import ServingState, StateHolder
+from service.tracing import DISABLED, Tracing
 
 
 async def app_settings(request: Request) -> Settings:
@@ -65,6 +66,7 @@ class SearchContext:
     registry: RegistryWatcher
     receive: Callable[[], Awaitable[Any]] | None = None  # the ASGI receive: tells a disconnect
     exposure: ExposureLog | None = None  # the exposure log (service.exposure)
+    tracing: Tracing = DISABLED  # spans of the search's stages (service.tracing)
 
 
 async def search_context(request: Request) -> SearchContext:
@@ -73,7 +75,7 @@ async def search_context(request: Request) -> SearchContext:
     app_state = request.app.state
     return SearchContext(
         state, app_state.settings, app_state.batcher, app_state.metrics, app_state.registry, request.receive,
-        exposure=getattr(app_state, "exposure", None),
+        exposure=getattr(app_state, "exposure", None), tracing=getattr(app_state, "tracing", DISABLED),
     )
 
 

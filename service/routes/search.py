@@ -39,6 +39,7 @@ from service.metrics import Metrics
 from service.routes.deps import SearchContext, SearchContextDep
 from service.schemas import Query, SearchRequest, SearchResponse, error_responses
 from service.state import ServingState
+from service.tracing import DISABLED, Tracing
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
@@ -65,7 +66,8 @@ class _ModelJSONRequest(Request):
         if not hasattr(self, "_json"):
             raw = await self.body()
             try:
-                self._json = self.body_model.model_validate_json(raw)
+                with _tracing(self.scope).span("esp.search.parse", **{"esp.body_bytes": len(raw)}):
+                    self._json = self.body_model.model_validate_json(raw)
             except ValidationError:
                 self._json = _loads(raw)
         return self._json
@@ -87,7 +89,12 @@ class PydanticJSONRoute(APIRoute):
         request_class = type(f"{model.__name__}JSONRequest", (_ModelJSONRequest,), {"body_model": model})
 
         async def model_json_handler(request: Request) -> Response:
-            return await handler(request_class(request.scope, request.receive, request._send))
+            tracing = _tracing(request.scope)
+            if not tracing.enabled:
+                return await handler(request_class(request.scope, request.receive, request._send))
+            name = f"esp.{model.__name__.removesuffix('Request').lower()}"
+            with tracing.request_span(name, request.headers):
+                return await handler(request_class(request.scope, request.receive, request._send))
 
         return model_json_handler
 
@@ -101,6 +108,12 @@ class PydanticJSONResponse(JSONResponse):
 
     def render(self, content: Any) -> bytes:
         return pydantic_core.to_json(content)
+
+
+def _tracing(scope: Any) -> Tracing:
+    app = scope.get("app")
+    tracing: Tracing = getattr(app.state, "tracing", DISABLED) if app is not None else DISABLED
+    return tracing
 
 
 #: Responses with more hits than this are built on a worker thread, off the event loop.
@@ -221,7 +234,9 @@ def _observe_weights(metrics: Metrics, layout: SubspaceLayout, block_weights: np
 
 
 async def search(body: SearchRequest, ctx: SearchContextDep) -> PydanticJSONResponse:
-    response = PydanticJSONResponse(await run_search(body, ctx))
+    content = await run_search(body, ctx)
+    with ctx.tracing.span("esp.search.serialise"):
+        response = PydanticJSONResponse(content)
     limit = ctx.settings.max_response_bytes
     if len(response.body) > limit:
         raise _too_large(len(response.body), limit)
@@ -288,7 +303,11 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
     queries = prepare_queries(body.queries, state)
     if body.filter is not None:  # scored in its own engine call, over the rows the filter allows
         state = filtered(state, filter_context(state).compile(body.filter))
-    hits = await ctx.batcher.submit(state, queries, resolved.block_weights, body.k, ctx.receive)
+    stages = ctx.tracing.stages()  # None unless traced: then the batch's stage times land here
+    hits = await ctx.batcher.submit(
+        state, queries, resolved.block_weights, body.k, ctx.receive, stages=stages
+    )
+    ctx.tracing.record_stages(stages)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
     _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
     exposure = resolved.experiment is not None and resolved.arm is not None and not resolved.excluded
@@ -303,8 +322,9 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
             time.perf_counter() - started
         )
     if exposure and ctx.exposure is not None:  # one record per exposure (service.exposure)
-        log_search_exposure(ctx.exposure, resolved=resolved, unit_id=body.unit_id, bundle_version=state.version,
-                            k=body.k, results=results, latency_seconds=time.perf_counter() - started)
+        log_search_exposure(ctx.exposure, resolved=resolved, unit_id=body.unit_id,
+                            bundle_version=state.version, k=body.k, results=results,
+                            latency_seconds=time.perf_counter() - started)
     return {
         "results": results,
         "weights_used": resolved.weights_used,
