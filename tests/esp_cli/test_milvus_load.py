@@ -1,0 +1,85 @@
+"""``esp milvus-load``: writes a bundle into a collection, resumes, refuses another corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from esp_cli.main import main
+from subspace.bundle import write_bundle
+from subspace.layout import SubspaceLayout
+from subspace.scoring import normalize_blocks
+
+pytest.importorskip("milvus_lite")
+
+
+def _bundle(path: Path, seed: int, n: int = 250) -> Path:
+    layout = SubspaceLayout.from_dims({"a": 8, "b": 4})
+    emb = normalize_blocks(np.random.default_rng(seed).standard_normal((n, 12)).astype(np.float32), layout)
+    docs = [{"text": f"t{i}", "lang": "en" if i % 2 else "de", "year": 2000 + i % 7} for i in range(n)]
+    return write_bundle(path, layout, emb, [f"d{i}" for i in range(n)], docs=docs)
+
+
+def test_load_resume_and_refuse(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    db = str(tmp_path / "m.db")
+    first = _bundle(tmp_path / "b1", seed=1)
+    args = ["milvus-load", str(first), "--uri", db, "--collection", "c", "--batch", "100", "--no-progress"]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["rows"] == 250 and report["resumed_at"] == 0 and report["index"] == "FLAT"
+    assert report["metadata_fields"] == {"text": "string", "lang": "string", "year": "int"}
+    assert main(args) == 0  # everything is there: nothing to write
+    assert json.loads(capsys.readouterr().out)["resumed_at"] == 250
+    other = _bundle(tmp_path / "b2", seed=2)
+    refused = ["milvus-load", str(other), "--uri", db, "--collection", "c", "--no-progress"]
+    assert main(refused) == 2
+    assert "another corpus" in capsys.readouterr().err
+    assert main([*refused, "--replace", "--index", "ivf_flat", "--nlist", "4"]) == 0
+    assert json.loads(capsys.readouterr().out)["index"] == "IVF_FLAT"
+
+
+def test_an_interrupted_load_resumes_at_the_first_incomplete_batch(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.engine.milvus_backend import MilvusSettings, load_bundle
+    from subspace.bundle import read_bundle
+    from subspace.filters import MetadataSchema
+
+    path = _bundle(tmp_path / "b", seed=3)
+    b = read_bundle(path)
+    settings = MilvusSettings(uri=str(tmp_path / "m.db"), collection="c")
+
+    def stop_after_two_batches(done: int, total: int) -> None:
+        if done >= 200:
+            raise RuntimeError("interrupted")
+
+    schema = MetadataSchema.of_bundle(b.manifest, b.docs())
+    with pytest.raises(RuntimeError, match="interrupted"):
+        load_bundle(
+            settings,
+            b.layout,
+            b.embeddings,
+            b.ids,
+            b.docs(),
+            schema=schema,
+            bundle_version=b.version,
+            batch=100,
+            progress=stop_after_two_batches,
+        )
+    args = [
+        "milvus-load",
+        str(path),
+        "--uri",
+        settings.uri,
+        "--collection",
+        "c",
+        "--batch",
+        "100",
+        "--no-progress",
+    ]
+    assert main(args) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["resumed_at"] == 200 and report["rows"] == 250
