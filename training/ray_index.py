@@ -393,7 +393,8 @@ def index_corpus_ray(
         n_actors = actors or (gpus if gpus else max(1, cpus // per_actor))
         # parsing is light next to encoding: read tasks take no CPU slot, so a pool that fills the
         # cluster's CPUs cannot starve its own input
-        ds = ray.data.read_datasource(source, num_cpus=0, concurrency=max(1, min(len(files), cpus))).map_batches(
+        read = ray.data.read_datasource(source, num_cpus=0, concurrency=max(1, min(len(files), cpus)))
+        ds = read.map_batches(
             EncodeShards,
             fn_constructor_kwargs={
                 "encoder_dir": str(src.encoder_dir),
