@@ -362,7 +362,7 @@ def index_corpus_ray(
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
     if Path(out).exists() and not overwrite:
         raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
-    enc = QueryEncoder.load(src.encoder_dir, threads=1)
+    enc = QueryEncoder.load(src.encoder_dir)  # the layout check and max_length (the actors encode)
     if enc.layout != src.layout:
         raise CorpusError(f"{src_bundle}: the encoder's layout differs from the bundle's")
     corpus_s = str(corpus)
