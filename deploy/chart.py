@@ -45,13 +45,19 @@ def render(
         return chart.render(values or {}, name=release, namespace=namespace, is_install=True)
 
 
-def documents(rendered: dict[str, str]) -> list[dict[str, Any]]:
-    """Every Kubernetes object in a rendering, in template-path order (NOTES.txt and empties dropped)."""
+def is_hook(doc: dict[str, Any]) -> bool:
+    """A Helm hook (``helm test``'s pod): run by Helm on demand, not part of the release."""
+    return "helm.sh/hook" in ((doc.get("metadata") or {}).get("annotations") or {})
+
+
+def documents(rendered: dict[str, str], *, hooks: bool = True) -> list[dict[str, Any]]:
+    """Every Kubernetes object in a rendering, in template-path order (NOTES.txt and empties
+    dropped; Helm hooks too when ``hooks`` is false)."""
     docs: list[dict[str, Any]] = []
     for path in sorted(rendered):
         if not path.endswith((".yaml", ".yml")):
             continue
         for doc in yaml.safe_load_all(rendered[path]):
-            if doc:
+            if doc and (hooks or not is_hook(doc)):
                 docs.append(doc)
     return docs

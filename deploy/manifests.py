@@ -5,7 +5,8 @@
 Each overlay is the chart rendered with one CI scenario (``OVERLAYS``). Objects rendered
 identically by every overlay go to ``base/``; the rest (the Deployment, above all) to the
 overlay. ``kustomize build overlays/<name>`` therefore yields exactly the chart's rendering
-for that scenario, which tests/deploy/test_manifests.py checks object by object.
+for that scenario, which tests/deploy/test_manifests.py checks object by object. Helm hooks
+(the ``helm test`` pod) are left out: applied as plain manifests they would run at every apply.
 """
 
 from __future__ import annotations
@@ -49,7 +50,9 @@ def _kustomization(resources: list[str]) -> str:
 def build() -> dict[str, str]:
     """Relative path under k8s-manifests/ -> file text."""
     rendered = {
-        overlay: {_key(d): d for d in documents(render(scenario_values(scenario), release=RELEASE))}
+        overlay: {
+            _key(d): d for d in documents(render(scenario_values(scenario), release=RELEASE), hooks=False)
+        }
         for overlay, scenario in OVERLAYS.items()
     }
     first, *rest = rendered.values()
