@@ -15,6 +15,11 @@ assembled into the same bundle; a rerun after a failure skips the finished shard
 
 Example:  esp index --bundle artifacts/demo/bundle --corpus my_docs.jsonl --out artifacts/my_docs
           esp index --engine ray --actors 8 --bundle ... --corpus s3://bucket/docs/ --out ...
+          esp index --ann --bundle artifacts/demo/bundle
+
+--ann also builds the approximate weight-aware index (ann/, served with ESP_INDEX=ivf) into the
+new bundle; with --bundle alone it adds the index to that bundle (or to a copy at --out), a new
+directory swapped in atomically, and prints the build report (seconds, bytes).
 """
 
 from __future__ import annotations
@@ -28,8 +33,8 @@ from typing import Any
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--bundle", required=True, help="source bundle (its encoder/ embeds the corpus)")
-    parser.add_argument("--corpus", required=True, help="corpus file: .tsv or .jsonl (optionally .gz)")
-    parser.add_argument("--out", required=True, help="output bundle directory")
+    parser.add_argument("--corpus", help="corpus file: .tsv or .jsonl (optionally .gz); not with --ann alone")
+    parser.add_argument("--out", help="output bundle directory (required with --corpus)")
     parser.add_argument("--batch-size", type=int, default=256, help="documents per batch (default 256)")
     parser.add_argument(
         "--dtype",
@@ -40,6 +45,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
     parser.add_argument("--overwrite", action="store_true", help="replace --out if it exists")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    parser.add_argument("--ann", action="store_true", help="build the ivf index (ann/) into the bundle")
+    parser.add_argument("--ann-nlist", type=int, default=None, help="ivf lists (default sqrt(N))")
+    parser.add_argument("--ann-list-dtype", choices=["int8", "float32"], default="int8",
+                        help="ivf list storage (default int8)")
     parser.add_argument("--engine", choices=sorted(ENGINES), default="local",
                         help="local: this process (default); ray: a Ray cluster")
     ray = parser.add_argument_group("--engine ray")
@@ -75,9 +84,19 @@ ENGINES: dict[str, Callable[[argparse.Namespace], dict[str, Any]]] = {"local": _
 
 def run(args: argparse.Namespace) -> int:
     from subspace.bundle import BundleError
+    from subspace.engine.ivf_index import IvfParams, add_index_to_bundle
     from training.data.corpus import CorpusError
+    if (args.corpus is None or args.out is None) and not (args.ann and args.corpus is None):
+        print("esp index: --corpus and --out are required (or --ann alone)", file=sys.stderr)
+        return 2
+    params = IvfParams(nlist=args.ann_nlist, list_dtype=args.ann_list_dtype)
     try:
-        summary = ENGINES[args.engine](args)
+        if args.corpus is None:  # --ann alone: the index of an existing bundle
+            summary = add_index_to_bundle(args.bundle, params, out=args.out)
+        else:
+            summary = ENGINES[args.engine](args)
+            if args.ann:
+                summary["ann"] = add_index_to_bundle(args.out, params)
     except (CorpusError, BundleError, FileExistsError) as exc:
         print(f"esp index: {exc}", file=sys.stderr)
         return 1

@@ -31,6 +31,14 @@ class Settings(BaseSettings):
     backend: str = Field("auto", description=f"engine backend: {', '.join(['auto', *BACKENDS])}")
     precision: str = Field("float32", description=f"index precision: {', '.join(PRECISIONS)}")
     threads: int | None = Field(None, ge=1, description="engine threads (default: all cores)")
+    index: str = Field(
+        "exact",
+        description="exact (the backend's exhaustive scan) or ivf (approximate weight-aware index: "
+        "the bundle's ann/, else built at load)",
+    )
+    ann_max_touched: float = Field(
+        0.05, gt=0, le=1, description="ivf: the fraction of the corpus one query may scan"
+    )
     encoder_device: str = Field(
         "auto", description="query encoder device: auto (CUDA when present, else cpu), cpu, cuda or cuda:N"
     )

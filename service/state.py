@@ -31,7 +31,8 @@ from typing import Any
 import numpy as np
 
 from service.config import Settings
-from service.engine import Backend, SearchResult, create_engine
+from service.engine import Backend, SearchResult
+from service.engine.ann import create_index_engine
 from subspace.bundle import Bundle, BundleError, read_bundle, writable_by_others
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
@@ -188,12 +189,13 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
     t0 = time.perf_counter()
     check_permissions(Path(path), settings)
     bundle = read_bundle(path, snapshot=True, verify_checksums=True)
-    engine = create_engine(
-        settings.backend,
-        bundle.embeddings,
-        bundle.layout,
+    engine = create_index_engine(
+        settings.index,
+        bundle,
+        backend=settings.backend,
         precision=settings.precision,
         threads=settings.threads,
+        max_touched=settings.ann_max_touched,
     )
     try:
         encoder = _load_encoder(bundle, settings.encoder_device)

@@ -74,6 +74,7 @@ class SearchStats:
 class IvfBackend(Backend):
     name: ClassVar[str] = "ivf"
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
+    _pool: ThreadPoolExecutor | None = None
 
     def __init__(
         self,
@@ -322,23 +323,39 @@ class IvfBackend(Backend):
             key = np.where(over[:, None], 1.0, log_expect - np.where(np.isfinite(low), low, 0.0) + 1.0)
             score = np.where(cand, key, 0.0)
             amount = np.where(over, n, np.maximum(step, touched[idx]))
-            if self.max_touched is not None:  # never past the budget (one list at least)
-                amount = np.maximum(1, np.minimum(amount, budget - touched[idx]))
-            qi_local, lj = self._take(score, self._sizes, amount, score.max(axis=1) > 0, positive_only=True)
+            # exact mode, past the budget, or fewer than k rows found: at least one list
+            has_k = np.array([len(band_rows[i]) >= kk for i in idx.tolist()], bool)
+            room = (budget - touched[idx]).astype(np.float64)
+            first_limit = np.where(over | ~has_k | (self.max_touched is None), np.inf, room)
+            if self.max_touched is not None:  # else never past the budget
+                amount = np.maximum(0, np.minimum(amount, room))
+            # within the budget, a list that does not fit ends the query's search; past it (exact
+            # mode) every open list of the chosen partition is taken
+            qi_local, lj = self._take(
+                score, self._sizes, amount, score.max(axis=1) > 0, positive_only=True, first_limit=first_limit
+            )
             qi = idx[qi_local]
-            if len(qi) == 0:  # nothing left to probe anywhere (cannot happen before exactness)
-                active[:] = False
+            starved = np.ones(len(idx), bool)
+            starved[qi_local] = False
+            active[idx[starved]] = False
+            if len(qi) == 0:
                 break
         self.last_stats = SearchStats(touched, exact, rounds)
         return band_rows, band_scores
 
     @staticmethod
     def _take(
-        score: np.ndarray, sizes: np.ndarray, amount: Any, rows_mask: np.ndarray, positive_only: bool = False
+        score: np.ndarray,
+        sizes: np.ndarray,
+        amount: Any,
+        rows_mask: np.ndarray,
+        *,
+        positive_only: bool = False,
+        first_limit: Any = np.inf,
     ) -> tuple[np.ndarray, np.ndarray]:
         """Per row of ``score`` ``(m, L)`` (rows where ``rows_mask``): the best lists (only those
-        scoring > 0 when ``positive_only``) until their sizes reach ``amount`` rows, at least
-        one list. Returns ``(row, list)`` pairs."""
+        scoring > 0 when ``positive_only``) whose sizes add up to at most ``amount`` rows; the
+        best one even when larger, if it has at most ``first_limit`` rows. Returns ``(row, list)`` pairs."""
         m, L = score.shape
         amount = np.broadcast_to(np.asarray(amount), (m,))
         need = int(np.ceil(amount.max() / max(1.0, float(sizes.min(initial=1))))) + 1
@@ -353,7 +370,8 @@ class IvfBackend(Backend):
         cs = np.take_along_axis(cs, o, 1)
         sz = sizes[cand]
         after = np.cumsum(sz, axis=1)
-        take = ((after <= amount[:, None]) | (after == sz)) & rows_mask[:, None]
+        first = (after == sz) & (sz <= np.broadcast_to(np.asarray(first_limit), (m,))[:, None])
+        take = ((after <= amount[:, None]) | first) & rows_mask[:, None]
         if positive_only:
             take &= cs > 0
         qi, pos = np.nonzero(take)

@@ -27,8 +27,11 @@ the file. Section references: docs/architecture.md sections 1 (the score) and 4 
 from __future__ import annotations
 
 import hashlib
+import io
 import json
 import os
+import shutil
+import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -36,8 +39,8 @@ from typing import Any
 
 import numpy as np
 
-from subspace.atomic import atomic_open, atomic_write_text
-from subspace.errors import FieldError
+from subspace.atomic import atomic_open, atomic_write_text, fsync_dir
+from subspace.bundle import MANIFEST, BundleError, content_version, json_default, read_bundle, sha256_file
 from subspace.layout import LayoutError, SubspaceLayout
 
 FORMAT = "esp-ivf"
@@ -48,8 +51,10 @@ _CHUNK = 65536
 _ARRAYS = ("order", "offsets", "codes", "means", "variances", "radii")
 
 
-class IvfIndexError(FieldError):
-    """An index that cannot be built or used; the message names the file or parameter."""
+class IvfIndexError(BundleError):
+    """An index that cannot be built or used; the message names the file or parameter (a
+    :class:`~subspace.bundle.BundleError`: a bundle whose index is bad is refused like one
+    whose embeddings are)."""
 
 
 @dataclass(frozen=True)
@@ -147,13 +152,15 @@ def kmeans(x: np.ndarray, nlist: int, iters: int, rng: np.random.Generator) -> n
     Starts from distinct random rows; an emptied cluster restarts at a random row.
     """
     n = x.shape[0]
-    cent = x[rng.choice(n, size=nlist, replace=False)].copy()
+    seed_rows = x[rng.choice(n, size=min(n, 8 * nlist), replace=False)]
+    cent = _kmeans_pp(seed_rows, nlist, rng)
     for _ in range(iters):
         labels = np.concatenate(
             [_assign(x[s : s + _CHUNK], cent, 0.5 * (cent * cent).sum(1)) for s in range(0, n, _CHUNK)]
         )
         counts = np.bincount(labels, minlength=nlist)
-        sums = _segment_sums(x, labels, nlist)
+        o = np.argsort(labels, kind="stable")
+        sums = _segment_sums(x[o], labels[o], nlist)
         empty = counts == 0
         cent = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
         if empty.any():
@@ -162,11 +169,28 @@ def kmeans(x: np.ndarray, nlist: int, iters: int, rng: np.random.Generator) -> n
 
 
 def _segment_sums(x: np.ndarray, labels: np.ndarray, nlist: int) -> np.ndarray:
-    """``(nlist, d)`` float64: the sum of the rows of ``x`` with each label (one sparse product)."""
-    from scipy.sparse import csr_matrix
+    """``(nlist, d)`` float64: the sum of the rows of ``x`` per label; ``labels`` sorted."""
+    out = np.zeros((nlist, x.shape[1]), np.float64)
+    if len(labels):
+        starts = np.flatnonzero(np.concatenate([[True], labels[1:] != labels[:-1]]))
+        out[labels[starts]] = np.add.reduceat(x, starts, axis=0, dtype=np.float64)
+    return out
 
-    onehot = csr_matrix((np.ones(len(labels)), (labels, np.arange(len(labels)))), shape=(nlist, len(labels)))
-    return np.asarray(onehot @ x.astype(np.float64))
+
+def _kmeans_pp(x: np.ndarray, nlist: int, rng: np.random.Generator) -> np.ndarray:
+    """k-means++ seeding: each next centre drawn with probability proportional to the squared
+    distance to the nearest centre so far (well-spread starts; Lloyd then rarely stalls)."""
+    n = x.shape[0]
+    sq = (x.astype(np.float64) ** 2).sum(1)
+    cent = np.empty((nlist, x.shape[1]), np.float32)
+    cent[0] = x[rng.integers(n)]
+    best = np.maximum(sq - 2.0 * (x @ cent[0]) + float(cent[0] @ cent[0]), 0.0)
+    for j in range(1, nlist):
+        total = best.sum()
+        pick = int(rng.choice(n, p=best / total)) if total > 0 else int(rng.integers(n))
+        cent[j] = x[pick]
+        np.minimum(best, np.maximum(sq - 2.0 * (x @ cent[j]) + float(cent[j] @ cent[j]), 0.0), out=best)
+    return cent
 
 
 def _quantise(x: np.ndarray, scale: np.ndarray, dtype: Any) -> np.ndarray:
@@ -227,10 +251,9 @@ def build_index(corpus: np.ndarray, layout: SubspaceLayout, params: IvfParams | 
             rows = order[s : s + _CHUNK]
             x = np.asarray(corpus[np.sort(rows)], dtype=np.float32)[np.argsort(np.argsort(rows))]
             codes[s : s + len(rows)] = _quantise(x, scale, dtype)
-            lab = labels[rows]
-            x64 = x.astype(np.float64)
-            sums += _segment_sums(x64, lab, nlist)
-            sq += _segment_sums(x64 * x64, lab, nlist)
+            lab = labels[rows]  # sorted: the chunk is in list order
+            sums += _segment_sums(x, lab, nlist)
+            sq += _segment_sums(np.square(x, dtype=np.float64), lab, nlist)
         cnt = np.maximum(counts, 1)[:, None]
         means64 = sums / cnt
         variances = np.maximum(sq / cnt - means64 * means64, 0.0).astype(np.float32)
@@ -271,14 +294,6 @@ def build_index(corpus: np.ndarray, layout: SubspaceLayout, params: IvfParams | 
 
 
 # --- save / load --------------------------------------------------------------------------
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as fh:
-        while chunk := fh.read(1 << 22):
-            h.update(chunk)
-    return h.hexdigest()
-
-
 def corpus_fingerprint(corpus: np.ndarray) -> str:
     """A cheap identity of the corpus an index was built for: shape, dtype, 64 sampled rows."""
     n = corpus.shape[0]
@@ -306,7 +321,7 @@ def save_index(index: IvfIndex, folder: str | os.PathLike[str], corpus: np.ndarr
     for name, arr in arrays.items():
         with atomic_open(root / name, "wb") as fh:
             np.save(fh, np.ascontiguousarray(arr), allow_pickle=False)
-        files[name] = _sha256(root / name)
+        files[name] = sha256_file(root / name)
     meta = {
         "format": FORMAT,
         "format_version": FORMAT_VERSION,
@@ -332,7 +347,6 @@ def load_index(
     layout: SubspaceLayout,
     *,
     verify_checksums: bool = True,
-    mmap: bool = False,
 ) -> IvfIndex:
     """Read and check an index written by :func:`save_index` for ``corpus`` and ``layout``.
 
@@ -392,12 +406,14 @@ def load_index(
             raise _bad(INDEX_JSON, f"files lists unexpected {name!r}")
         if not (root / name).is_file():
             raise _bad(name, f"listed in {INDEX_JSON} but missing from {root}")
-        if verify_checksums and _sha256(root / name) != files[name]:
-            raise _bad(name, "sha256 mismatch (corrupt, truncated or modified file)")
 
     def arr(name: str, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
+        # read once: the bytes hashed are the bytes loaded (no swap between check and use)
+        raw = (root / name).read_bytes()
+        if verify_checksums and hashlib.sha256(raw).hexdigest() != files[name]:
+            raise _bad(name, "sha256 mismatch (corrupt, truncated or modified file)")
         try:
-            a = np.load(root / name, mmap_mode="r" if mmap else None, allow_pickle=False)
+            a = np.load(io.BytesIO(raw), allow_pickle=False)
         except (ValueError, OSError, EOFError) as exc:
             raise _bad(name, f"unreadable ({exc})") from exc
         if a.shape != shape or a.dtype != np.dtype(dtype):
@@ -439,3 +455,73 @@ def load_index(
     report = meta.get("report")
     report = dict(report) if isinstance(report, dict) else {}
     return IvfIndex(layout, n, meta["list_dtype"], scale, tuple(parts), report)
+
+
+# --- in a bundle ----------------------------------------------------------------------------
+BUNDLE_DIR = "ann"  # the index's folder inside a bundle (docs/architecture.md section 4)
+
+
+def bundle_index_dir(bundle_path: str | os.PathLike[str]) -> Path | None:
+    """``<bundle>/ann`` when the bundle carries an index, else ``None``."""
+    p = Path(bundle_path) / BUNDLE_DIR
+    return p if (p / INDEX_JSON).is_file() else None
+
+
+def add_index_to_bundle(
+    bundle_path: str | os.PathLike[str],
+    params: IvfParams | None = None,
+    *,
+    out: str | os.PathLike[str] | None = None,
+) -> dict[str, Any]:
+    """Build the index of a bundle's embeddings and write the bundle with it under ``ann/``.
+
+    The bundle is read with every check; the result (``out``, default: the bundle itself,
+    replaced) is a new directory swapped in atomically: the bundle's files (hard-linked where
+    the filesystem allows, else copied), ``ann/`` (any old index replaced), and a manifest whose
+    ``files`` lists the index files with their sha256 (so ``read_bundle`` verifies them) and
+    whose ``ann`` section records the parameters and the build report. The version changes
+    (it is the hash of the files). Returns the build report.
+    """
+    src = Path(bundle_path)
+    bundle = read_bundle(src, verify_checksums=True)
+    index = build_index(bundle.embeddings, bundle.layout, params)
+    dest = Path(out) if out is not None else src
+    if dest.exists() and dest != src:
+        raise IvfIndexError(f"{dest} already exists", "out")
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
+    try:
+        files: dict[str, str] = {}
+        for rel, digest in bundle.manifest["files"].items():
+            if rel.split("/", 1)[0] == BUNDLE_DIR:
+                continue  # the old index goes
+            target = tmp / rel
+            target.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                os.link(src / rel, target)
+            except OSError:
+                shutil.copy2(src / rel, target)
+            files[rel] = digest
+        folder = save_index(index, tmp / BUNDLE_DIR, bundle.embeddings)
+        for p in sorted(folder.iterdir()):
+            files[f"{BUNDLE_DIR}/{p.name}"] = sha256_file(p)
+        manifest = dict(bundle.manifest)
+        manifest["files"] = dict(sorted(files.items()))
+        manifest["version"] = content_version(manifest["files"])
+        manifest["ann"] = {"kind": "ivf", "folder": BUNDLE_DIR, **index.report}
+        (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=json_default), "utf-8")
+        with (tmp / MANIFEST).open("rb") as fh:
+            os.fsync(fh.fileno())
+        os.chmod(tmp, 0o755)
+        if dest.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
+            os.replace(dest, trash / dest.name)
+            os.replace(tmp, dest)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, dest)
+        fsync_dir(dest.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return {"bundle": str(dest), "version": manifest["version"], **index.report}
