@@ -56,9 +56,9 @@ def test_a_retired_state_closes_its_engine_after_the_last_user(tmp_path: Path) -
     state = ServingState(bundle=bundle, engine=engine, encoder=None, docs=None)
     assert state.acquire()
     _search(engine)
-    threads = list(engine._pool._threads)  # type: ignore[union-attr]
+    threads = list(engine._pool._threads)  # type: ignore[attr-defined]
     state.retire()
-    assert not state.closed and engine._pool is not None  # a request still holds it
+    assert not state.closed and engine._pool is not None  # type: ignore[attr-defined]  # still held
     _search(engine)  # ... and can still search
     state.release()
     assert state.closed and engine._pool is None

@@ -7,7 +7,6 @@ import socket
 import urllib.error
 import urllib.request
 from collections.abc import Callable
-from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np

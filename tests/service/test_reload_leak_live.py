@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -21,6 +22,7 @@ from subspace.scoring import normalize_blocks
 ROWS = 60_000
 WARM_RELOADS = 3
 RELOADS = 10
+QUERIES: list[Any] = [[1.0] * 32, "a text query"]  # a vector and a text query
 
 
 def _big_bundle(src: Path, out: Path, seed: int) -> Path:
@@ -56,7 +58,7 @@ def test_many_reloads_leave_threads_files_maps_and_rss_flat(
         def reload(i: int) -> None:
             c.reload(str(bundles[i % 2]))
             for _ in range(3):  # the new engine scans with its worker pool, the encoder encodes
-                assert len(c.search([np.ones(32).tolist(), "a text query"], k=5).results) == 2
+                assert len(c.search(QUERIES, k=5).results) == 2
 
         for i in range(WARM_RELOADS):
             reload(i)

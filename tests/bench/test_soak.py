@@ -1,0 +1,29 @@
+"""bench/soak.py --quick: a short soak (peak, 2x overload, reloads, registry changes) reports one
+JSON line with no server error and no request lost."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from bench.live_server import SOURCE_ROOT, child_env
+
+
+@pytest.mark.slow
+def test_quick_soak_reports_one_line_without_5xx_or_lost_requests() -> None:
+    proc = subprocess.run(
+        [sys.executable, str(SOURCE_ROOT / "bench" / "soak.py"), "--quick", "--peak-concurrency", "8"],
+        capture_output=True, text=True, timeout=900, env=child_env(), check=False,
+    )
+    lines = proc.stdout.strip().splitlines()
+    assert len(lines) == 1, proc.stderr[-3000:]
+    result = json.loads(lines[0])
+    assert result["count_5xx"] == 0 and result["lost"] == 0, result
+    assert result["reloads"] >= 2 and result["reload_failures"] == 0 and result["registry_changes"] >= 1
+    assert result["statuses"].get("200", 0) > 0
+    for key in ("answered_per_s", "share_429", "admitted_p99_ms", "unloaded", "rss_mb", "threads"):
+        assert key in result
+    assert proc.returncode == 0
