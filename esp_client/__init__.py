@@ -9,16 +9,37 @@ so callers install it without torch or FastAPI::
 """
 
 from esp_client.client import AsyncESPClient, ESPClient, ESPError
-from esp_client.models import Health, Hit, LayoutResponse, Readiness, ReloadResponse, SearchResponse
+from esp_client.models import (
+    Assignment,
+    ClusterResponse,
+    DeleteResponse,
+    EmbeddingsResponse,
+    Experiments,
+    Health,
+    Hit,
+    LayoutResponse,
+    OperatingPoints,
+    Readiness,
+    ReloadResponse,
+    SearchResponse,
+    UpsertResponse,
+)
 
 __all__ = [
+    "Assignment",
     "AsyncESPClient",
+    "ClusterResponse",
+    "DeleteResponse",
     "ESPClient",
     "ESPError",
+    "EmbeddingsResponse",
+    "Experiments",
     "Health",
     "Hit",
     "LayoutResponse",
+    "OperatingPoints",
     "Readiness",
     "ReloadResponse",
     "SearchResponse",
+    "UpsertResponse",
 ]

@@ -27,13 +27,27 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
+from urllib.parse import quote
 
 import httpx
 import numpy as np
 import pydantic_core
 from pydantic import BaseModel
 
-from esp_client.models import Health, LayoutResponse, Readiness, ReloadResponse, SearchResponse
+from esp_client.models import (
+    Assignment,
+    ClusterResponse,
+    DeleteResponse,
+    EmbeddingsResponse,
+    Experiments,
+    Health,
+    LayoutResponse,
+    OperatingPoints,
+    Readiness,
+    ReloadResponse,
+    SearchResponse,
+    UpsertResponse,
+)
 
 # httpcore runs `import sniffio` on every lock of its async pool; when sniffio is not installed
 # each failed import searches sys.path again. Caching the miss makes it fail fast; httpcore
@@ -175,8 +189,18 @@ def _request_args(call: _Call[Any]) -> dict[str, Any]:
     return args
 
 
-def _json(r: httpx.Response) -> Any:
-    return r.json()
+def _plain(x: Any) -> Any:
+    """numpy arrays (and numpy scalars) as JSON types; everything else as it is."""
+    if isinstance(x, np.ndarray | np.generic):
+        return x.tolist()
+    if isinstance(x, Mapping):
+        return {k: _plain(v) for k, v in x.items()}
+    return x
+
+
+def _given(kw: Mapping[str, Any]) -> dict[str, Any]:
+    """Keyword arguments that were given (None: the server's default), arrays as lists."""
+    return {k: _plain(v) for k, v in kw.items() if v is not None}
 
 
 class _Calls:
@@ -200,18 +224,39 @@ class _Calls:
     def metrics(self) -> _Call[str]:
         return _Call("GET", "/metrics", lambda r: r.text)
 
-    def operating_points(self) -> _Call[Any]:
-        return _Call("GET", "/v1/operating-points", _json)
+    def operating_points(self) -> _Call[OperatingPoints]:
+        return _Call("GET", "/v1/operating-points", _model(OperatingPoints))
 
-    def experiments(self) -> _Call[Any]:
-        return _Call("GET", "/v1/experiments", _json)
+    def experiments(self) -> _Call[Experiments]:
+        return _Call("GET", "/v1/experiments", _model(Experiments))
 
-    def assignment(self, experiment: str, unit_id: str) -> _Call[Any]:
-        return _Call("GET", f"/v1/experiments/{experiment}/assignment", _json, params={"unit_id": unit_id})
+    def assignment(self, experiment: str, unit_id: str) -> _Call[Assignment]:
+        return _Call("GET", f"/v1/experiments/{quote(experiment, safe='')}/assignment", _model(Assignment),
+                     params={"unit_id": unit_id})
+
+    def embeddings(self, texts: str | Sequence[str], **kw: Any) -> _Call[EmbeddingsResponse]:
+        body = {"input": texts if isinstance(texts, str) else list(texts), **_given(kw)}
+        return _Call("POST", "/v1/embeddings", _model(EmbeddingsResponse), json=body)
+
+    def cluster(self, keywords: Sequence[str], **kw: Any) -> _Call[ClusterResponse]:
+        body = {"keywords": list(keywords), **_given(kw)}
+        return _Call("POST", "/v1/cluster", _model(ClusterResponse), json=body)
+
+    def _admin(self, token: str | None) -> dict[str, str] | None:
+        tok = token if token is not None else self._admin_token
+        return {"Authorization": f"Bearer {tok}"} if tok else None
+
+    def upsert_documents(self, documents: Sequence[Mapping[str, Any]], token: str | None = None
+                         ) -> _Call[UpsertResponse]:
+        body = {"documents": [_plain(d) for d in documents]}
+        return _Call("POST", "/v1/documents", _model(UpsertResponse), json=body, headers=self._admin(token))
+
+    def delete_document(self, doc_id: str, token: str | None = None) -> _Call[DeleteResponse]:
+        return _Call("DELETE", f"/v1/documents/{quote(doc_id, safe='')}", _model(DeleteResponse),
+                     headers=self._admin(token))
 
     def reload(self, path: str | None = None, token: str | None = None) -> _Call[ReloadResponse]:
-        tok = token if token is not None else self._admin_token
-        headers = {"Authorization": f"Bearer {tok}"} if tok else None
+        headers = self._admin(token)
         body = {"path": str(path)} if path is not None else None
         return _Call("POST", "/v1/admin/reload", _model(ReloadResponse), json=body, headers=headers)
 
@@ -287,14 +332,30 @@ class ESPClient:
     def metrics(self) -> str:
         return self._do(self._calls.metrics())
 
-    def operating_points(self) -> Any:
+    def operating_points(self) -> OperatingPoints:
         return self._do(self._calls.operating_points())
 
-    def experiments(self) -> Any:
+    def experiments(self) -> Experiments:
         return self._do(self._calls.experiments())
 
-    def assignment(self, experiment: str, unit_id: str) -> Any:
+    def assignment(self, experiment: str, unit_id: str) -> Assignment:
         return self._do(self._calls.assignment(experiment, unit_id))
+
+    def embeddings(self, texts: str | Sequence[str], **kw: Any) -> EmbeddingsResponse:
+        """``kw``: ``subspaces``, ``weights``, ``operating_point``, ``encoding_format``, ``dimensions``."""
+        return self._do(self._calls.embeddings(texts, **kw))
+
+    def cluster(self, keywords: Sequence[str], **kw: Any) -> ClusterResponse:
+        """``kw``: ``weights``, ``operating_point``, ``method``, ``threshold``, ``min_cluster_size``."""
+        return self._do(self._calls.cluster(keywords, **kw))
+
+    def upsert_documents(self, documents: Sequence[Mapping[str, Any]], *, token: str | None = None
+                         ) -> UpsertResponse:
+        """``documents``: ``{"id", "text" and/or "vector", "fields"}`` each (admin token)."""
+        return self._do(self._calls.upsert_documents(documents, token))
+
+    def delete_document(self, doc_id: str, *, token: str | None = None) -> DeleteResponse:
+        return self._do(self._calls.delete_document(doc_id, token))
 
     def reload(self, path: str | None = None, *, token: str | None = None) -> ReloadResponse:
         return self._do(self._calls.reload(path, token))
@@ -372,14 +433,27 @@ class AsyncESPClient:
     async def metrics(self) -> str:
         return await self._do(self._calls.metrics())
 
-    async def operating_points(self) -> Any:
+    async def operating_points(self) -> OperatingPoints:
         return await self._do(self._calls.operating_points())
 
-    async def experiments(self) -> Any:
+    async def experiments(self) -> Experiments:
         return await self._do(self._calls.experiments())
 
-    async def assignment(self, experiment: str, unit_id: str) -> Any:
+    async def assignment(self, experiment: str, unit_id: str) -> Assignment:
         return await self._do(self._calls.assignment(experiment, unit_id))
+
+    async def embeddings(self, texts: str | Sequence[str], **kw: Any) -> EmbeddingsResponse:
+        return await self._do(self._calls.embeddings(texts, **kw))
+
+    async def cluster(self, keywords: Sequence[str], **kw: Any) -> ClusterResponse:
+        return await self._do(self._calls.cluster(keywords, **kw))
+
+    async def upsert_documents(self, documents: Sequence[Mapping[str, Any]], *, token: str | None = None
+                               ) -> UpsertResponse:
+        return await self._do(self._calls.upsert_documents(documents, token))
+
+    async def delete_document(self, doc_id: str, *, token: str | None = None) -> DeleteResponse:
+        return await self._do(self._calls.delete_document(doc_id, token))
 
     async def reload(self, path: str | None = None, *, token: str | None = None) -> ReloadResponse:
         return await self._do(self._calls.reload(path, token))

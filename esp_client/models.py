@@ -8,6 +8,8 @@ schemas is here with a type that accepts it, so the two cannot drift apart silen
 
 from __future__ import annotations
 
+from typing import Any
+
 from pydantic import BaseModel, ConfigDict
 
 
@@ -15,6 +17,13 @@ class _Answer(BaseModel):
     """Base of the answer models: unknown fields are kept, not refused."""
 
     model_config = ConfigDict(extra="allow")
+
+    def __getitem__(self, key: str) -> Any:
+        """``answer["field"]`` as well as ``answer.field`` (the registry reads were plain JSON)."""
+        try:
+            return getattr(self, key)
+        except AttributeError:
+            raise KeyError(key) from None
 
 
 class Hit(_Answer):
@@ -64,6 +73,16 @@ class Health(_Answer):
     status: str
 
 
+class BundleRollout(_Answer):
+    """Where a replica stands with the bundle the registry file names."""
+
+    state: str
+    path: str | None = None
+    sha256: str | None = None
+    reason: str | None = None
+    since: float | None = None
+
+
 class Readiness(_Answer):
     """``status`` is ``"ready"`` (a 503 answer is raised as :class:`esp_client.ESPError`)."""
 
@@ -72,6 +91,8 @@ class Readiness(_Answer):
     backend: str | None = None
     num_docs: int | None = None
     reason: str | None = None
+    bundle_sha256: str | None = None
+    rollout: BundleRollout | None = None
 
 
 class ReloadResponse(_Answer):
@@ -95,3 +116,134 @@ __all__ = [
     "SearchResponse",
     "SubspaceInfo",
 ]
+
+
+class EmbeddingItem(_Answer):
+    object: str = "embedding"
+    embedding: list[float] | str
+    index: int
+
+
+class Usage(_Answer):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class EmbeddingBlock(_Answer):
+    name: str
+    offset: int
+    dim: int
+    weight: float
+
+
+class EmbeddingsResponse(_Answer):
+    """``POST /v1/embeddings`` (the OpenAI shape, plus the blocks and weights applied)."""
+
+    object: str = "list"
+    data: list[EmbeddingItem]
+    model: str
+    usage: Usage
+    subspaces: list[EmbeddingBlock]
+    weights_used: dict[str, float] | None = None
+    operating_point: str | None = None
+
+
+class KeywordRow(_Answer):
+    keyword: str
+    cluster_id: int
+    cluster_label: str | None = None
+    intent: str | None = None
+    intent_probability: float | None = None
+    similarity_to_label: float | None = None
+
+
+class ClusterSummary(_Answer):
+    cluster_id: int
+    size: int
+    label: str
+    intent_mix: dict[str, int]
+    mean_similarity_to_label: float
+
+
+class Duplicate(_Answer):
+    index: int
+    duplicate_of: int
+
+
+class ClusterResponse(_Answer):
+    """``POST /v1/cluster``."""
+
+    keywords: list[KeywordRow]
+    clusters: list[ClusterSummary]
+    noise: int
+    duplicates: list[Duplicate]
+    weights_used: dict[str, float]
+    operating_point: str | None = None
+    method: str
+    params: dict[str, Any]
+    bundle_version: str
+
+
+class OperatingPoint(_Answer):
+    name: str
+    weights: dict[str, float]
+    description: str
+    metrics: dict[str, Any]
+    source: str
+
+
+class OperatingPoints(_Answer):
+    """``GET /v1/operating-points``."""
+
+    default_operating_point: str | None = None
+    operating_points: list[OperatingPoint]
+
+
+class Arm(_Answer):
+    name: str
+    share: float
+    operating_point: str
+
+
+class Experiment(_Answer):
+    name: str
+    description: str
+    enabled: bool
+    traffic: float
+    default_arm: str | None = None
+    salt_fingerprint: str
+    arms: list[Arm]
+
+
+class Experiments(_Answer):
+    """``GET /v1/experiments``."""
+
+    experiments: list[Experiment]
+
+
+class Assignment(_Answer):
+    """``GET /v1/experiments/{name}/assignment``."""
+
+    experiment: str
+    unit_id: str
+    arm: str
+    included: bool
+    operating_point: str
+    weights: dict[str, float]
+
+
+class UpsertResponse(_Answer):
+    """``POST /v1/documents``."""
+
+    upserted: int
+    ids: list[str]
+    backend: str
+    consistency: str
+
+
+class DeleteResponse(_Answer):
+    """``DELETE /v1/documents/{id}``."""
+
+    deleted: str
+    backend: str
+    consistency: str

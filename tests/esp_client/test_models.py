@@ -13,6 +13,10 @@ import pytest
 from pydantic import BaseModel
 
 import esp_client.models as sdk
+import service.routes.cluster as cluster_route
+import service.routes.documents as documents_route
+import service.routes.embeddings as embeddings_route
+import service.routes.registry as registry_route
 import service.schemas as server
 
 PAIRS = [
@@ -21,6 +25,13 @@ PAIRS = [
     (server.Health, sdk.Health),
     (server.Readiness, sdk.Readiness),
     (server.ReloadResponse, sdk.ReloadResponse),
+    (embeddings_route.EmbeddingsResponse, sdk.EmbeddingsResponse),
+    (cluster_route.ClusterResponse, sdk.ClusterResponse),
+    (registry_route.OperatingPointsOut, sdk.OperatingPoints),
+    (registry_route.ExperimentsOut, sdk.Experiments),
+    (registry_route.AssignmentOut, sdk.Assignment),
+    (documents_route.UpsertResponse, sdk.UpsertResponse),
+    (documents_route.DeleteResponse, sdk.DeleteResponse),
 ]
 
 Schema = dict[str, Any]
