@@ -12,7 +12,7 @@ from tests.service.engine.conftest import IDS, STARTABLE, layout_of, random_rows
 N = 1200
 
 
-def masked_reference(queries, corpus, weights, layout, mask, k):
+def masked_reference(queries, corpus, weights, layout, *, mask, k):
     s = reference_scores(queries, corpus, weights, layout)
     s = np.where(mask[None, :], s, -np.inf)
     kk = min(k, int(mask.sum()))
@@ -46,7 +46,7 @@ def test_masked_topk_matches_masked_brute_force(make_engine, backend: str, preci
     for name, mask in masks(N).items():
         for k in (1, 10, 1000):
             res = engine.search(queries, weights, k, allowed=mask)
-            rows, scores = masked_reference(queries, corpus, weights, layout, mask, k)
+            rows, scores = masked_reference(queries, corpus, weights, layout, mask=mask, k=k)
             assert res.rows.shape == (5, rows.shape[1]), (name, k)
             np.testing.assert_array_equal(res.rows, rows, err_msg=f"{name} k={k}")
             np.testing.assert_allclose(res.scores, scores, rtol=0, atol=1e-6)
