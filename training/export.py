@@ -18,6 +18,7 @@ import numpy as np
 
 from subspace.bundle import write_bundle
 from subspace.scoring import normalize_blocks
+from training.display_text import repair_display
 from training.model import ESPModel
 
 
@@ -59,7 +60,8 @@ def export_bundle(
     """Write a bundle at ``out`` from ``model`` and a corpus; return its path.
 
     Give either ``texts`` (embedded here with ``model.encode``) or ``embeddings`` ``(N, D)``
-    computed by the same model. ``docs`` (display payload per row) defaults to ``{"text": t}``.
+    computed by the same model. ``docs`` (display payload per row) defaults to ``{"text": t}``
+    with ``t`` repaired by ftfy (:mod:`training.display_text`; the embedded text is ``t`` as given).
     """
     if embeddings is None:
         if texts is None:
@@ -67,7 +69,7 @@ def export_bundle(
         embeddings = model.encode(list(texts), batch_size=batch_size)
     emb = normalize_blocks(np.asarray(embeddings, dtype=np.float32), model.layout).astype(dtype)
     if docs is None and texts is not None:
-        docs = ({"text": t} for t in texts)
+        docs = (repair_display({"text": t})[0] for t in texts)  # display only: embedded as given
     sections = {
         "encoder": encoder_section(model, trunk_name=trunk_name),
         "training": {

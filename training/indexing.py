@@ -5,6 +5,8 @@ memory holds one batch plus the id list. Empty (whitespace-only) texts are skipp
 counted — there is nothing to embed and no query could match them. Texts longer than the
 encoder's ``max_length`` tokens are truncated exactly as queries are (the usual bi-encoder
 behaviour) and counted. Both counts land in the manifest's ``index`` section and the log.
+The display text written to ``docs.jsonl`` is repaired with ftfy (``display_repaired`` counts
+the documents it changed); the text embedded is the corpus's own (:mod:`training.display_text`).
 The new bundle keeps the source bundle's encoder, layout and operating points.
 """
 
@@ -22,6 +24,7 @@ import numpy as np
 from subspace.bundle import read_bundle, write_bundle
 from subspace.scoring import normalize_blocks
 from training.data.corpus import CorpusError, Doc, read_corpus
+from training.display_text import repair_display
 
 log = logging.getLogger(__name__)
 
@@ -52,7 +55,7 @@ def index_corpus(
     enc = QueryEncoder.load(src.encoder_dir, threads=threads)
     if enc.layout != src.layout:
         raise CorpusError(f"{src_bundle}: the encoder's layout differs from the bundle's")
-    counts = {"documents": 0, "skipped_empty": 0, "truncated": 0}
+    counts = {"documents": 0, "skipped_empty": 0, "truncated": 0, "display_repaired": 0}
     ids: list[str] = []
     with tempfile.TemporaryDirectory(prefix="esp-index-") as tmp:
         raw = Path(tmp) / "emb.f32"
@@ -70,7 +73,9 @@ def index_corpus(
                 emb_fh.write(np.ascontiguousarray(vecs).tobytes())
                 for d in batch:
                     ids.append(d.id)
-                    docs_fh.write(json.dumps({"text": d.text, **d.display}, ensure_ascii=False) + "\n")
+                    shown, repaired = repair_display({"text": d.text, **d.display})  # display only
+                    counts["display_repaired"] += repaired
+                    docs_fh.write(json.dumps(shown, ensure_ascii=False) + "\n")
                 counts["documents"] += len(batch)
                 bar.update(len(batch))
         if not ids:

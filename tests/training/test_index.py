@@ -12,6 +12,7 @@ import pytest
 from esp_cli.main import main
 from subspace.bundle import read_bundle
 from training.data.corpus import CorpusError, read_corpus
+from training.display_text import repair_text
 
 
 def _index(bundle: Path, corpus: Path, out: Path, *extra: str) -> int:
@@ -32,7 +33,7 @@ def test_index_tsv_reproduces_export_vectors(tiny_bundle: Path, tiny_corpus, tmp
     assert new.ids == src.ids and new.layout == src.layout
     np.testing.assert_allclose(np.asarray(new.embeddings), np.asarray(src.embeddings), atol=1e-5)
     assert new.operating_points == src.operating_points
-    assert [d["text"] for d in new.docs()] == texts
+    assert [d["text"] for d in new.docs()] == [repair_text(t) for t in texts]  # display repaired (ftfy)
 
 
 def test_index_jsonl_gz_keeps_display_fields_skips_empty_counts_truncated(
