@@ -12,7 +12,8 @@ trunk weights, max_length and texts; an interrupted run resumes, runs over the s
 The repository ships the default trunk's features of the TREC DL pool (data/trunk-features, made by
 `esp features`); they are read first when trunk.features_shipped is true and the keys match.
 
-Exit status: 0 when every objective's held-out metric improved over the untrained start,
+Exit status: 0 when every trainable objective's held-out metric improved over the untrained start
+(a frozen block, e.g. the identity semantic head, is kept by design and reported as null),
 3 when one did not (the bundle is still written), 2 for an invalid config.
 
 Under torchrun (`torchrun --nproc_per_node N -m esp_cli train ...`) the run is data parallel:
@@ -76,4 +77,4 @@ def run(args: argparse.Namespace) -> int:
         "timings_s": {k: round(v, 1) for k, v in result.timings.items()},
     }
     print(json.dumps(summary, indent=2))
-    return 0 if all(result.metrics["improved"].values()) else 3
+    return 0 if all(v is not False for v in result.metrics["improved"].values()) else 3

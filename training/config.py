@@ -24,6 +24,18 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class HeadConfig(_Strict):
+    kind: Literal["linear", "lexical"] = Field(
+        default="linear", description="linear: reads the adapter; lexical: hashed word n-grams, dim = buckets"
+    )
+    init: Literal["orthogonal", "identity"] = Field(
+        default="orthogonal", description="linear heads: identity (dim = trunk width) starts at the trunk"
+    )
+    ngram_max: int = Field(default=2, ge=1, le=3, description="lexical heads: word n-grams 1..ngram_max")
+    stop_words: Literal["english"] | None = Field(default="english", description="lexical heads")
+    trainable: bool = Field(default=True, description="false: the head keeps its initialisation")
+
+
 class ObjectiveConfig(_Strict):
     name: str = Field(description="subspace name (lower-case, digits, underscores)")
     dim: int = Field(gt=0, description="dimensions of this objective's block")
@@ -33,6 +45,7 @@ class ObjectiveConfig(_Strict):
     loss_params: dict[str, Any] = Field(default_factory=dict)
     batch_size: int = Field(default=64, ge=2)
     default_weight: float = Field(default=1.0, ge=0)
+    head: HeadConfig = Field(default_factory=HeadConfig)
 
 
 class TrunkConfig(_Strict):
@@ -91,6 +104,7 @@ class SplitConfig(_Strict):
 
 
 class EvalConfig(_Strict):
+    enabled: bool = Field(default=True, description="held-out metrics at start and end (false: the caller's)")
     every: int = Field(
         default=100, ge=0, description="evaluate held-out metrics every N steps (0: start+end)"
     )

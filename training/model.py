@@ -6,8 +6,16 @@ identity) -> heads -> blocks ``{name: (n, d_k)}``, each L2-normalised, concatena
 layout order to ``(n, D)``.
 
 ``architecture: esp`` gives every objective its own head and block (Embedding Subspace
-Partitioning). ``architecture: single_head`` is the baseline: one head writes one shared
-vector and every objective's loss reads all of it. The intent objective classifies with a
+Partitioning). ``architecture: single_head`` is the baseline with the same heads, the same
+initialisation and the same data: the heads' normalised outputs are concatenated into one
+vector (one block, ``shared``) and every objective's loss reads all of it, so the two differ
+only in the partition (and therefore in the serving-time knob).
+
+Heads (``HeadSpec``): ``linear`` reads the adapter output; ``init: identity`` (``dim == H``)
+starts the block as the trunk's own embedding, so training can only add a residual to
+zero-shot quality. ``lexical`` reads hashed word n-gram counts (:mod:`subspace.lexical`)
+through learned per-bucket weights initialised to the corpus IDF: a TF-IDF match of words
+and word pairs that a mean-pooled embedding blurs (entity names). The intent objective classifies with a
 cosine classifier (``scale * cos(z, prototype_c)``) from the vector its loss reads, so intent
 similarity between two texts is meaningful at serving time.
 
@@ -33,6 +41,7 @@ from torch import nn
 
 from subspace import encoder_format
 from subspace.layout import SubspaceLayout
+from subspace.lexical import HashedNgrams
 
 SINGLE_HEAD = "shared"
 
@@ -157,6 +166,75 @@ class Adapter(nn.Module):
         return x + self.up(F.gelu(self.down(x)))
 
 
+@dataclass(frozen=True)
+class HeadSpec:
+    """How one objective's block is computed: ``linear`` (``init``: orthogonal | identity) or
+    ``lexical`` (hashed n-grams, :class:`subspace.lexical.HashedNgrams` with ``n_features = dim``);
+    ``trainable: false`` keeps the initialisation (a frozen identity head is the trunk itself)."""
+
+    kind: str = "linear"
+    init: str = "orthogonal"
+    ngram_max: int = 2
+    stop_words: str | None = "english"
+    trainable: bool = True
+
+    def __post_init__(self) -> None:
+        if self.kind not in HEAD_KINDS:
+            raise ValueError(f"head kind {self.kind!r} is invalid; allowed: {sorted(HEAD_KINDS)}")
+        if self.init not in ("orthogonal", "identity"):
+            raise ValueError(f"head init {self.init!r} is invalid; allowed: 'orthogonal', 'identity'")
+
+
+class LinearHead(nn.Module):
+    """``(n, H) adapter output -> (n, d)``; orthogonal or identity initialisation, zero bias."""
+
+    def __init__(self, h: int, d: int, init: str, gen: torch.Generator) -> None:
+        super().__init__()
+        self.linear = nn.Linear(h, d)
+        nn.init.zeros_(self.linear.bias)
+        if init == "identity":
+            if d != h:
+                raise ValueError(f"head init 'identity' needs dim == trunk hidden size {h}, got {d}")
+            with torch.no_grad():
+                self.linear.weight.copy_(torch.eye(h))
+        else:
+            _orthogonal_(self.linear.weight, gen)
+
+    @property
+    def out_features(self) -> int:
+        return self.linear.out_features
+
+    def forward(self, adapted: torch.Tensor, lexical: torch.Tensor | None) -> torch.Tensor:
+        return self.linear(adapted)
+
+
+class LexicalHead(nn.Module):
+    """``(n, F) hashed n-gram counts -> (n, F)`` scaled by ``exp(log_weight)`` per bucket;
+    :meth:`init_idf` sets the weights to the corpus IDF (until then they are 1)."""
+
+    def __init__(self, featurizer: HashedNgrams) -> None:
+        super().__init__()
+        self.featurizer = featurizer
+        self.log_weight = nn.Parameter(torch.zeros(featurizer.n_features))
+
+    @property
+    def out_features(self) -> int:
+        return self.featurizer.n_features
+
+    @torch.no_grad()
+    def init_idf(self, idf: np.ndarray) -> None:
+        self.log_weight.copy_(torch.log(torch.from_numpy(np.asarray(idf, dtype=np.float32))))
+
+    def forward(self, adapted: torch.Tensor, lexical: torch.Tensor | None) -> torch.Tensor:
+        if lexical is None:
+            raise ValueError("a lexical head needs lexical features")
+        return lexical * torch.exp(self.log_weight)
+
+
+HEAD_KINDS = ("linear", "lexical")
+_MEMO_MIN = 1000  # texts: smaller lists are featurised directly
+
+
 class ESPModel(nn.Module):
     """Trunk + optional adapter + heads + (optional) cosine intent classifier.
 
@@ -177,6 +255,7 @@ class ESPModel(nn.Module):
         default_weights: dict[str, float] | None = None,
         losses: dict[str, str] | None = None,
         seed: int = 0,
+        head_specs: dict[str, HeadSpec] | None = None,
     ) -> None:
         super().__init__()
         if architecture not in ("esp", "single_head"):
@@ -187,17 +266,29 @@ class ESPModel(nn.Module):
         self.objective_names = list(objective_dims)
         h = trunk.hidden_size
         self.adapter = Adapter(h, adapter_hidden) if adapter_hidden else None
+        specs = {n: (head_specs or {}).get(n, HeadSpec()) for n in objective_dims}
+        self.head_specs = specs
+        lexical = [n for n, sp in specs.items() if sp.kind == "lexical"]
+        if len(lexical) > 1:
+            raise ValueError(f"at most one lexical head, got {lexical}")
+        self.lexical: HashedNgrams | None = None
+        if lexical:
+            sp = specs[lexical[0]]
+            self.lexical = HashedNgrams(objective_dims[lexical[0]], sp.ngram_max, sp.stop_words)
+        heads: dict[str, nn.Module] = {}
+        for n, d in objective_dims.items():
+            lex = specs[n].kind == "lexical"
+            heads[n] = (LexicalHead(self.lexical) if lex and self.lexical
+                        else LinearHead(h, d, specs[n].init, gen))
+        for n, head in heads.items():
+            head.requires_grad_(specs[n].trainable)
+        self.heads = nn.ModuleDict(heads)
         if architecture == "esp":
-            head_dims = dict(objective_dims)
-            self.layout = SubspaceLayout.from_dims(head_dims, losses=losses, default_weights=default_weights)
+            self.layout = SubspaceLayout.from_dims(dict(objective_dims), losses=losses,
+                                                   default_weights=default_weights)
         else:
-            head_dims = {SINGLE_HEAD: sum(objective_dims.values())}
-            self.layout = SubspaceLayout.from_dims(head_dims, losses={SINGLE_HEAD: "multi_task"})
-        self.heads = nn.ModuleDict({n: nn.Linear(h, d) for n, d in head_dims.items()})
-        for head in self.heads.values():
-            assert isinstance(head, nn.Linear)
-            _orthogonal_(head.weight, gen)
-            nn.init.zeros_(head.bias)
+            self.layout = SubspaceLayout.from_dims({SINGLE_HEAD: sum(objective_dims.values())},
+                                                   losses={SINGLE_HEAD: "multi_task"})
         self.intent_objective = intent_objective
         self.intent_classes = list(intent_classes) if intent_classes else None
         self.cosine_scale = float(cosine_scale)
@@ -220,7 +311,7 @@ class ESPModel(nn.Module):
         if self.adapter is not None:
             params += list(self.adapter.parameters())
         if self.architecture == "single_head":
-            params += list(self.heads[SINGLE_HEAD].parameters())
+            params += list(self.heads.parameters())
         return params
 
     def task_parameters(self, objective: str) -> list[nn.Parameter]:
@@ -232,19 +323,60 @@ class ESPModel(nn.Module):
             params.append(self.prototypes)
         return params
 
-    # --- forward ------------------------------------------------------------------------
+    # --- features -----------------------------------------------------------------------
+    @property
+    def feature_dim(self) -> int:
+        """Width of a text's features: pooled trunk ``H``, then lexical counts ``F`` if any."""
+        return self.trunk.hidden_size + (self.lexical.n_features if self.lexical else 0)
+
+    def lexical_counts(self, texts: Sequence[str]) -> np.ndarray | None:
+        """Hashed n-gram counts ``(n, F)`` (memoised for long lists: every run of an ablation
+        featurises the same corpus), or ``None`` without a lexical head."""
+        if self.lexical is None:
+            return None
+        return self.lexical.counts_memo(texts) if len(texts) >= _MEMO_MIN else self.lexical.counts(texts)
+
+    def with_lexical(self, texts: Sequence[str], pooled: np.ndarray) -> np.ndarray:
+        """Pooled trunk features ``(n, H)`` -> text features ``(n, feature_dim)``."""
+        counts = self.lexical_counts(texts)
+        return pooled if counts is None else np.concatenate([pooled, counts], axis=1)
+
+    def init_lexical_idf(self, corpus_texts: Sequence[str]) -> None:
+        """Set every lexical head's weights to the IDF of ``corpus_texts`` (what it will rank)."""
+        from subspace.lexical import idf
+
+        counts = self.lexical_counts(corpus_texts)
+        for head in self.heads.values():
+            if isinstance(head, LexicalHead) and counts is not None and len(counts):
+                head.init_idf(idf(counts))
+
     def pooled(self, texts: Sequence[str]) -> torch.Tensor:
-        return self.trunk(texts)
+        x = self.trunk(texts)
+        counts = self.lexical_counts(texts)
+        return x if counts is None else torch.cat([x, torch.from_numpy(counts).to(x.device, x.dtype)], -1)
+
+    def _head_outputs(self, features: torch.Tensor) -> dict[str, torch.Tensor]:
+        h = self.trunk.hidden_size
+        x = features[:, :h]
+        x = self.adapter(x) if self.adapter is not None else x
+        lex = features[:, h:] if self.lexical is not None else None
+        return {name: F.normalize(head(x, lex), dim=-1) for name, head in self.heads.items()}
 
     def blocks(self, pooled: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Per-block L2-normalised outputs ``{block: (n, d_k)}`` from pooled features."""
-        x = self.adapter(pooled) if self.adapter is not None else pooled
-        return {name: F.normalize(head(x), dim=-1) for name, head in self.heads.items()}
+        """Per-block L2-normalised outputs ``{block: (n, d_k)}`` from text features."""
+        out = self._head_outputs(pooled)
+        if self.architecture == "esp":
+            return out
+        return {SINGLE_HEAD: F.normalize(torch.cat([out[n] for n in self.objective_names], -1), dim=-1)}
 
     def objective_vector(self, pooled: torch.Tensor, objective: str) -> torch.Tensor:
         """The normalised vector objective ``objective``'s loss reads, ``(n, d)``."""
-        x = self.adapter(pooled) if self.adapter is not None else pooled
-        return F.normalize(self.heads[self._block_of(objective)](x), dim=-1)
+        if self.architecture == "esp":
+            x = pooled[:, : self.trunk.hidden_size]
+            x = self.adapter(x) if self.adapter is not None else x
+            lex = pooled[:, self.trunk.hidden_size :] if self.lexical is not None else None
+            return F.normalize(self.heads[objective](x, lex), dim=-1)
+        return self.blocks(pooled)[SINGLE_HEAD]
 
     def intent_logits(self, z: torch.Tensor) -> torch.Tensor:
         """Cosine classifier: ``scale * <z/|z|, p_c/|p_c|>``, ``(n, d) -> (n, C)``."""
@@ -274,9 +406,14 @@ class ESPModel(nn.Module):
             return np.zeros((0, self.layout.dim), dtype=np.float32)
         return torch.cat(parts).numpy().astype(np.float32, copy=False)
 
+    def text_features(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """``(n, feature_dim)`` float32: pooled trunk features, then lexical counts if any."""
+        texts = list(texts)
+        return self.with_lexical(texts, self.trunk.encode(texts, batch_size=batch_size))
+
     def encode(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
         """Embed arbitrary texts: ``(n, D)`` float32, every block L2-normalised."""
-        return self.encode_pooled(self.trunk.encode(list(texts), batch_size=batch_size))
+        return self.encode_pooled(self.text_features(texts, batch_size=batch_size))
 
     @torch.inference_mode()
     def intent_probs_pooled(self, pooled: np.ndarray) -> np.ndarray:
@@ -294,7 +431,7 @@ class ESPModel(nn.Module):
 
     def intent_probs(self, texts: Sequence[str]) -> np.ndarray:
         """Softmax intent probabilities ``(n, C)`` in the order of :attr:`intent_classes`."""
-        return self.intent_probs_pooled(self.trunk.encode(list(texts)))
+        return self.intent_probs_pooled(self.text_features(texts))
 
     @property
     def device(self) -> torch.device:
@@ -330,10 +467,14 @@ class ESPModel(nn.Module):
                     "activation": "gelu",
                 }
             ),
-            "heads": [{"name": n, "in": h, "out": head.out_features} for n, head in self.heads.items()],
+            "heads": [
+                {"name": n, "kind": self.head_specs[n].kind, "in": h, "out": head.out_features}
+                for n, head in self.heads.items()
+            ],
+            "lexical": self.lexical.to_dict() if self.lexical is not None else None,
             "layout": self.layout.to_dict(),
             "intent": intent,
-            "normalize": "per_block",
+            "normalize": "per_block" if self.architecture == "esp" else "per_head_then_concat",
         }
 
     def head_tensors(self) -> dict[str, torch.Tensor]:
@@ -341,7 +482,11 @@ class ESPModel(nn.Module):
         if self.adapter is not None:
             t.update({f"adapter.{k}": v for k, v in self.adapter.state_dict().items()})
         for name, head in self.heads.items():
-            t.update({f"heads.{name}.{k}": v for k, v in head.state_dict().items()})
+            if isinstance(head, LexicalHead):  # the effective per-bucket weights, no bias
+                t[f"heads.{name}.weight"] = torch.exp(head.log_weight.detach())
+            else:
+                assert isinstance(head, LinearHead)
+                t.update({f"heads.{name}.{k}": v for k, v in head.linear.state_dict().items()})
         if self.prototypes is not None:
             t["intent.prototypes"] = self.prototypes.detach()
         return {k: v.detach().float().cpu().contiguous() for k, v in t.items()}

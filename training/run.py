@@ -31,7 +31,7 @@ from training.features import (
     trunk_fingerprint,
 )
 from training.losses import Loss, TaskOutput, build_loss
-from training.model import ESPModel, Trunk, TrunkMode
+from training.model import ESPModel, HeadSpec, Trunk, TrunkMode
 from training.surgery import Surgery, build_surgery
 from training.weighting import Weighting, build_weighting
 
@@ -104,6 +104,7 @@ def build_model(
         default_weights={o.name: o.default_weight for o in config.objectives},
         losses={o.name: o.loss for o in config.objectives},
         seed=config.seed,
+        head_specs={o.name: HeadSpec(**o.head.model_dump()) for o in config.objectives},
     ).to(config.device)
 
 
@@ -160,8 +161,8 @@ def feature_store(
     fp = trunk_fingerprint(model.trunk)
     shipped = [(data_dir or DEFAULT_DATA_DIR) / SHIPPED_SUBDIR] if config.trunk.features_shipped else []
     parts = [
-        pooled_features(model.trunk, texts, cache, readonly=shipped, fingerprint=fp,
-                        batch_size=config.trunk.encode_batch_size, desc=desc)
+        model.with_lexical(texts, pooled_features(model.trunk, texts, cache, readonly=shipped, fingerprint=fp,
+                                                  batch_size=config.trunk.encode_batch_size, desc=desc))
         for texts, desc in ((corpus_texts, "corpus features"), (rest, "query/training features"))
     ]
     return FeatureStore([*corpus_texts, *rest], np.concatenate(parts), torch.device(config.device))
@@ -201,6 +202,7 @@ def build_run(
     tasks = build_tasks(config, datas, model.intent_objective)
     weighting, surgery = build_methods(config, [t.name for t in tasks])
     corpus_ids, corpus_texts = load_corpus(config, ctx)
+    model.init_lexical_idf(corpus_texts)
     cache = config.trunk.features_cache if features_cache is USE_CONFIG else features_cache
     t1 = time.perf_counter()
     store = (

@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class TrainResult:
     model: ESPModel
-    metrics: dict[str, Any]  # {"start": {obj: {...}}, "final": {...}, "improved": {obj: bool}}
+    metrics: dict[str, Any]  # {"start": {obj: {...}}, "final": {...}, "improved": {obj: bool | None}}
     history: list[dict[str, Any]] = field(default_factory=list)  # the step records
     log_path: Path | None = None
     bundle_path: Path | None = None
@@ -89,7 +89,7 @@ class Trainer:
     def pooled_np(self, texts: list[str]) -> np.ndarray:
         if self.store is not None:
             return self.store(texts).cpu().numpy()
-        return self.model.trunk.encode(texts, batch_size=self.config.trunk.encode_batch_size)
+        return self.model.text_features(texts, batch_size=self.config.trunk.encode_batch_size)
 
     # --- evaluation ---------------------------------------------------------------------
     def eval_corpus(self) -> tuple[list[str], list[str]]:
@@ -151,6 +151,8 @@ class Trainer:
             loss = task.loss(task.output(model, self.pooled))
             losses.append(float(loss.detach()))
             own = owns[k]
+            if not shared and not own:  # a frozen head on a frozen trunk: its loss is only logged
+                continue
             grads = torch.autograd.grad(float(lambdas[k]) * loss, shared + own, allow_unused=True)
             if shared:
                 shared_grads.append(torch.cat([
@@ -236,7 +238,8 @@ class Trainer:
         log_fh = log_path.open("w", encoding="utf-8") if log_path is not None else None
         history: list[dict[str, Any]] = []
         t0 = time.perf_counter()
-        metrics: dict[str, Any] = {"start": self.evaluate()}
+        # eval.enabled false: the caller evaluates (the ablation runner), so skip the two corpus passes
+        metrics: dict[str, Any] = {"start": self.evaluate() if cfg.eval.enabled else {}}
         evals = [{"step": 0, **metrics["start"]}]
         optimizer, schedule = self.optimizer()
         self.model.train()
@@ -258,7 +261,7 @@ class Trainer:
                     {f"{n[:4]}": f"{v['loss']:.3f}/λ{v['lambda']:.2f}" for n, v in rec["tasks"].items()},
                     refresh=False,
                 )
-            metrics["final"] = self.evaluate()
+            metrics["final"] = self.evaluate() if cfg.eval.enabled else {}
             evals.append({"step": cfg.optim.steps, **metrics["final"]})
             if log_fh is not None:
                 log_fh.write(json.dumps({"step": cfg.optim.steps, "heldout": metrics["final"]}) + "\n")
@@ -267,8 +270,12 @@ class Trainer:
             if log_fh is not None:
                 log_fh.close()
         self.timings["train_s"] = time.perf_counter() - t0
+        # None: the objective's block cannot move (frozen head, nothing shared), kept by design
+        shared, owns, _ = self._parameter_groups()
+        movable = {t.name: bool(shared or owns[k]) for k, t in enumerate(self.tasks)}
         metrics["improved"] = {
-            n: metrics["final"][n]["main"] > metrics["start"][n]["main"] for n in metrics["final"]
+            n: (metrics["final"][n]["main"] > metrics["start"][n]["main"]) if movable.get(n, True) else None
+            for n in metrics["final"]
         }
         metrics["evals"] = evals
         result = TrainResult(self.model, metrics, history, log_path, None, self.data_hashes, self.timings)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import hashlib
 import random
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -294,11 +295,38 @@ def build_semantic(
     )
 
 
-def build_entity(ctx: DataContext, *, max_df: int = 500, max_pairs_per_query: int = 64) -> ObjectiveData:
+def _word_index(texts: list[str]) -> dict[str, set[int]]:
+    """Lower-cased alphanumeric word -> rows of ``texts`` containing it."""
+    index: dict[str, set[int]] = {}
+    for i, t in enumerate(texts):
+        for w in set(_WORD.findall(t.lower())):
+            index.setdefault(w, set()).add(i)
+    return index
+
+
+_WORD = re.compile(r"[a-z0-9]+")
+
+
+def build_entity(
+    ctx: DataContext,
+    *,
+    max_df: int = 500,
+    max_pairs_per_query: int = 64,
+    hard_negatives: bool = False,
+    negatives_per_query: int = 32,
+) -> ObjectiveData:
+    """Query -> passage-mentioning-its-gold-entity pairs (DL-HARD links, training queries only).
+
+    ``hard_negatives``: per query, passages that share a word of an entity name (the surname of
+    "robert gray", a word of a title) but mention none of its names: same surname, different
+    entity, the confusion a bag of words makes.
+    """
     trec = ctx.trec
     eqs = load_entity_queries(ctx.data_dir)
     hits = name_mentions(sorted({n for q in eqs for n in q.names}), trec.passages)
     rng = random.Random(ctx.seed)
+    words = _word_index(trec.passages) if hard_negatives else {}
+    negatives: dict[str, list[str]] = {}
     anchors, positives, groups = [], [], []
     held_q: dict[str, str] = {}
     held_rels: dict[str, dict[str, int]] = {}
@@ -314,15 +342,21 @@ def build_entity(ctx: DataContext, *, max_df: int = 500, max_pairs_per_query: in
             anchors.append(q.text)
             positives.append(trec.passages[r])
             groups.append(f"entity:{q.qid}")
+        if hard_negatives:
+            near = set().union(*(words.get(w, set()) for n in q.names for w in _WORD.findall(n))) - set(rows)
+            if near:
+                picked = rng.sample(sorted(near), min(negatives_per_query, len(near)))
+                negatives[f"entity:{q.qid}"] = [trec.passages[r] for r in picked]
     return ObjectiveData(
         "entity",
-        PairSet(anchors, positives, groups),
+        PairSet(anchors, positives, groups, negatives),
         HeldOut("entity", queries=held_q, qrels=held_rels),
         {
             "pairs": len(anchors),
             "train_queries": len(set(groups)),
             "heldout_queries": len(held_q),
             "max_df": max_df,
+            "hard_negative_queries": len(negatives),
         },
     )
 
