@@ -28,6 +28,11 @@ class MethodSpec(_Strict):
     label: str
     zero_shot: bool = False
     overrides: dict[str, Any] = Field(default_factory=dict)
+    seeds: list[int] | None = Field(
+        default=None, description="train only these of the eval seeds (ablation rows); null = all")
+    objectives: dict[str, dict[str, Any]] = Field(
+        default_factory=dict,
+        description="per-objective overrides by name, deep-merged into the base objectives (ablations)")
 
 
 class ClusterMethod(_Strict):
@@ -100,7 +105,15 @@ class EvalConfig(_Strict):
         """The merged training config of ``method`` as a dict (before TrainConfig validation)."""
         if method not in self.methods:
             raise ValueError(f"method {method!r} is unknown; allowed: {sorted(self.methods)}")
-        out = deep_merge(self.training, self.methods[method].overrides)
+        spec = self.methods[method]
+        out = deep_merge(self.training, spec.overrides)
+        if spec.objectives:
+            names = [o.get("name") for o in out.get("objectives", [])]
+            unknown = sorted(set(spec.objectives) - set(names))
+            if unknown:
+                raise ValueError(
+                    f"methods.{method}.objectives: {unknown} are not objectives; allowed: {names}")
+            out["objectives"] = [deep_merge(o, spec.objectives.get(o["name"], {})) for o in out["objectives"]]
         if seed is not None:
             out["seed"] = seed
             for part in ("surgery",):

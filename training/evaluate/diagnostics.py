@@ -30,6 +30,8 @@ class StepLog:
     @property
     def norm_ratio(self) -> np.ndarray:
         """max_k / min_k of the task gradient norms per step (``inf`` if one is 0)."""
+        if not self.grad_norm:  # a run of 0 steps
+            return np.zeros(0)
         g = np.stack(list(self.grad_norm.values()))
         with np.errstate(divide="ignore", invalid="ignore"):
             return np.asarray(g.max(axis=0) / g.min(axis=0))
@@ -89,6 +91,7 @@ def summarize(logs: Sequence[StepLog]) -> dict[str, float]:
     """Means over runs and steps: per pair cosine, share of steps with cosine < 0, projection
     rate; the median gradient-norm ratio; the final lambdas (mean over runs)."""
     out: dict[str, float] = {}
+    logs = [lg for lg in logs if lg.steps.size]  # a run of 0 steps (the initialisation) logs none
     if not logs:
         return out
     for key in logs[0].cosine:

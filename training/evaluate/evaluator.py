@@ -18,7 +18,7 @@ from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 from training.evaluate.benchmark import DLBench
 from training.evaluate.metrics import effective_rank, intent_agreement_at_k
-from training.evaluate.retrieval import K_EVAL, neighbours, ranking_conflict, score_dl
+from training.evaluate.retrieval import K_EVAL, neighbours, ranking_conflict, score_dl, score_dl_sweep
 
 
 class Embedder(Protocol):
@@ -51,7 +51,9 @@ class ZeroShot:
         return SubspaceLayout.from_dims({self.block: self.hidden})
 
     def embed(self, pooled: np.ndarray) -> np.ndarray:
-        return normalize_blocks(np.asarray(pooled, dtype=np.float32), self.layout)
+        """The trunk's own embedding: the first ``hidden`` columns (lexical counts, if the run's
+        features carry them, are not part of the zero-shot model)."""
+        return normalize_blocks(np.asarray(pooled[:, : self.hidden], dtype=np.float32), self.layout)
 
     def fit_centroids(self, pooled: np.ndarray, labels: Sequence[int], n_classes: int) -> ZeroShot:
         x = self.embed(pooled)
@@ -145,10 +147,11 @@ def evaluate_model(
     queries = dict(zip(qids, q_emb, strict=True))
 
     base = score_dl(bench, corpus, queries, layout, weights=None, year=eval_year)
-    curve = []
-    for w in sweep:
-        s = score_dl(bench, corpus, queries, layout, weights=dict(w), year=eval_year)
-        curve.append({"weights": dict(w), "ndcg": s.per_query_ndcg, "entity_p": s.per_query_entity_p})
+    curve = [
+        {"weights": dict(w), "ndcg": s.per_query_ndcg, "entity_p": s.per_query_entity_p}
+        for w, s in zip(sweep, score_dl_sweep(bench, corpus, queries, layout, sweep=[dict(w) for w in sweep],
+                                              year=eval_year), strict=True)
+    ]
 
     tau = math.nan
     if semantic_block in layout and entity_block in layout:

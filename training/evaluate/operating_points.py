@@ -5,7 +5,10 @@ points. Three names pick points on its Pareto front (semantic NDCG@10 vs entity
 precision@10, both maximised):
 
 - ``semantic_first``: the highest semantic score (ties: higher entity score);
-- ``entity_first``: the highest entity score (ties: higher semantic score);
+- ``entity_first``: the highest entity score among front points whose semantic score is within
+  ``semantic_budget`` (default 0.02 NDCG@10) of the front's best (ties: higher semantic score):
+  entity-heavy ranking that a user can adopt without giving up relevance. With an infinite
+  budget it is the front's entity extreme;
 - ``balanced``: the front point nearest the utopia corner after min-max scaling each axis
   over the front (ties: the first in curve order).
 
@@ -34,16 +37,21 @@ ENTITY_METRIC = "entity_p@10"
 _DESCRIPTIONS = {
     "semantic_first": "highest semantic NDCG@10 on the held-out weight sweep",
     "balanced": "front point nearest the best of both (min-max scaled semantic and entity axes)",
-    "entity_first": "highest entity precision@10 on the held-out weight sweep",
+    "entity_first": "highest entity precision@10 on the held-out weight sweep within the semantic budget",
 }
 
 
-def _pick(xy: np.ndarray, front: np.ndarray, name: str) -> int:
+#: NDCG@10 that ``entity_first`` may give up against the front's best semantic point
+SEMANTIC_BUDGET = 0.02
+
+
+def _pick(xy: np.ndarray, front: np.ndarray, name: str, semantic_budget: float = SEMANTIC_BUDGET) -> int:
     fx, fy = xy[front, 0], xy[front, 1]
     if name == "semantic_first":
         return int(front[np.lexsort((-fy, -fx))[0]])
     if name == "entity_first":
-        return int(front[np.lexsort((-fx, -fy))[0]])
+        ok = front[fx >= fx.max() - semantic_budget - 1e-12]
+        return int(ok[np.lexsort((-xy[ok, 0], -xy[ok, 1]))[0]])
     span = np.maximum(xy[front].max(axis=0) - xy[front].min(axis=0), 1e-12)
     scaled = (xy[front] - xy[front].min(axis=0)) / span
     dist = np.hypot(1 - scaled[:, 0], 1 - scaled[:, 1])
@@ -59,6 +67,7 @@ def compute_operating_points(
     y_metric: str = ENTITY_METRIC,
     names: Sequence[str] = ("semantic_first", "balanced", "entity_first"),
     context: str = "",
+    semantic_budget: float = SEMANTIC_BUDGET,
 ) -> dict[str, dict[str, Any]]:
     """Pick the named points of ``curve`` (each ``{"weights": {name: w}, "metrics": {...}}``).
 
@@ -75,7 +84,7 @@ def compute_operating_points(
     front = pareto_front(xy)
     out: dict[str, dict[str, Any]] = {}
     for name in names:
-        p = pts[_pick(xy, front, name)]
+        p = pts[_pick(xy, front, name, semantic_budget)]
         w = resolve_block_weights(dict(p["weights"]), layout, field=f"operating_points.{name}.weights")
         desc = _DESCRIPTIONS[name] + (f" ({context})" if context else "")
         out[name] = {

@@ -27,6 +27,7 @@ from training.evaluate.keyword_clustering import ClusterSpec, cluster_scores
 from training.evaluate.metrics import hypervolume_2d, pareto_front
 from training.evaluate.operating_points import ENTITY_METRIC, SEMANTIC_METRIC, compute_operating_points
 from training.evaluate.runner import Context, Run
+from training.evaluate.significance import mean_over_seeds, paired_test
 from training.evaluate.tables import fmt, markdown_table, mean_std
 
 REPORT = "esp-bench.md"
@@ -97,12 +98,13 @@ def _curve_xy(curve: Sequence[Mapping[str, Any]]) -> np.ndarray:
     return np.array([[p["metrics"][X], p["metrics"][Y]] for p in curve], dtype=np.float64).reshape(-1, 2)
 
 
-def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str, float]]:
+def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str, Any]]:
     """Operating points chosen on one held-out year's sweep and scored on the other's.
 
     The weights of a named point used for the queries of year A come from the sweep over year
     B (different models, different queries), so no point is chosen on the queries it is
-    scored on. Returns ``{name: {ndcg@10, entity_p@10}}`` pooled over both years.
+    scored on. Returns ``{name: {ndcg@10, entity_p@10, per_query: {metric: {qid: v}}}}`` pooled over
+    both years.
     """
     by_year: dict[str, list[Run]] = defaultdict(list)
     for r in group:
@@ -111,7 +113,7 @@ def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str
         return {}
     curves = [seed_curve(rs) for rs in by_year.values()]
     picks = [compute_operating_points(c, layout) for c in curves]
-    out: dict[str, dict[str, float]] = {}
+    out: dict[str, dict[str, Any]] = {}
     for name in picks[0]:
         ndcg: dict[str, float] = {}
         ent: dict[str, float] = {}
@@ -121,7 +123,7 @@ def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str
                 math.isclose(p["weights"][k], w[k], abs_tol=1e-9) for k in p["weights"]))
             ndcg.update(pool_queries([r.result.sweep[i]["ndcg"] for r in rs]))
             ent.update(pool_queries([r.result.sweep[i]["entity_p"] for r in rs]))
-        out[name] = {X: _mean(ndcg), Y: _mean(ent)}
+        out[name] = {X: _mean(ndcg), Y: _mean(ent), "per_query": {X: ndcg, Y: ent}}
     return out
 
 
@@ -173,6 +175,8 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     op_points = compute_operating_points(mean_curve, front_layout, context=context) if mean_curve else {}
     cross = {s: cross_fitted_points(fpm["groups"][s], front_layout) for s in fpm["seeds"]}
 
+    paired = paired_tests(per_method, cross, cfg)
+
     # ---- diagnostics from the step logs ------------------------------------------------------
     logs: dict[str, list[StepLog]] = {}
     for r in runs:
@@ -216,6 +220,7 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
                     for m, pm in per_method.items()},
         "operating_points": op_points,
         "operating_points_cross_fitted": {str(s): v for s, v in cross.items()},
+        "paired_tests": paired,
         "diagnostics": diag,
         "clustering": clustering,
         "data_conflict_tau": data_conflict(ctx),
@@ -225,6 +230,40 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     atomic_write_text(out / RESULTS, json.dumps(results, indent=1, default=json_default) + "\n")
     atomic_write_text(out / REPORT, render(ctx, per_method, results, quick=quick))
     return results
+
+
+def _per_query(pm: Mapping[str, Any], metric: str) -> dict[str, float]:
+    """A method's per-query metric at its default weights, each query averaged over seeds."""
+    key = "ndcg" if metric == X else "entity_p"
+    return mean_over_seeds([pool_queries([getattr(r.result, key) for r in pm["groups"][s]])
+                            for s in pm["seeds"]])
+
+
+def paired_tests(per_method: Mapping[str, Any], cross: Mapping[Any, Any], cfg: Any) -> list[dict[str, Any]]:
+    """Paired tests over held-out queries (:mod:`training.evaluate.significance`): the front
+    method's cross-fitted operating points against every zero-shot method, and its default
+    weights against every other method."""
+    fm = cfg.front_method
+    fpm = per_method[fm]
+    out: list[dict[str, Any]] = []
+    zero = [m for m in per_method if cfg.methods[m].zero_shot]
+    names = sorted({n for s in fpm["seeds"] for n in cross.get(s, {})})
+    for name in names:
+        for metric in (X, Y):
+            a = mean_over_seeds([cross[s][name]["per_query"][metric]
+                                 for s in fpm["seeds"] if name in cross[s]])
+            for z in zero:
+                t = paired_test(a, _per_query(per_method[z], metric))
+                out.append({"a": f"{cfg.methods[fm].label}, {name} (cross-fitted)", "b": cfg.methods[z].label,
+                            "metric": metric, **t.to_dict()})
+    for m in per_method:
+        if m == fm:
+            continue
+        for metric in (X, Y):
+            t = paired_test(_per_query(fpm, metric), _per_query(per_method[m], metric))
+            out.append({"a": f"{cfg.methods[fm].label}, default weights", "b": cfg.methods[m].label,
+                        "metric": metric, **t.to_dict()})
+    return out
 
 
 def data_conflict(ctx: Context) -> dict[str, float]:
@@ -290,8 +329,10 @@ def _diagnostics_plot(path: Path, runs: Sequence[Run], cfg: Any, label: Mapping[
         if r.log_path is not None and r.method not in first and Path(r.log_path).is_file():
             first[r.method] = read_log(Path(r.log_path))
     window = 20
+    first = {m: lg for m, lg in first.items() if lg.steps.size}  # a run of 0 steps logs nothing
+    # the gradient cosines exist only where some parameters are shared by two objectives
     cos = {label[m]: {k: (lg.steps, rolling_mean(v, window)) for k, v in lg.cosine.items()}
-           for m, lg in first.items() if m in ("esp_sum", "esp_pcgrad_dwa", "single_pcgrad")}
+           for m, lg in first.items() if lg.cosine}
     proj = {label[m]: (lg.steps, rolling_mean(np.mean(np.stack(list(lg.projected.values())), axis=0), window))
             for m, lg in first.items() if cfg.training_dict(m).get("surgery", {}).get("name") == "pcgrad"
             and lg.projected}
@@ -462,6 +503,34 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
                           fmt([c.get(X, math.nan) for c in cf]), fmt([c.get(Y, math.nan) for c in cf])])
         add(markdown_table(["name", "weights", "NDCG@10", "entity P@10", "cross-fitted NDCG@10",
                             "cross-fitted entity P@10"], orows))
+        add("")
+
+    # ---- paired tests and the hypervolume margin
+    if results.get("paired_tests"):
+        add("## Paired tests over queries")
+        add("")
+        add("Each held-out query's value averaged over seeds, then paired between the two methods: mean "
+            "difference (A - B), two-sided paired t-test and Wilcoxon signed-rank p-values "
+            "(`training.evaluate.significance`).")
+        add("")
+        prow = [[t["a"], t["b"], t["metric"], str(t["n"]), f"{t['mean_a']:.3f}", f"{t['mean_b']:.3f}",
+                 f"{t['diff']:+.3f}", f"{t['p_ttest']:.2g}", f"{t['p_wilcoxon']:.2g}"]
+                for t in results["paired_tests"]]
+        add(markdown_table(["A", "B", "metric", "queries", "A", "B", "A - B", "p (t-test)", "p (Wilcoxon)"],
+                           prow))
+        add("")
+        hv_f = per_method[fm]["hv"]
+        lines_hv = []
+        for m, pm in per_method.items():
+            if m == fm:
+                continue
+            sd = max(mean_std(hv_f)[1] if len(hv_f) > 1 else 0.0,
+                     mean_std(pm["hv"])[1] if len(pm["hv"]) > 1 else 0.0)
+            gap = float(np.mean(hv_f) - np.mean(pm["hv"]))
+            ratio = f"{gap / sd:.1f} std" if sd > 0 else "no seed spread"
+            lines_hv.append(f"{cfg.methods[m].label}: {gap:+.4f} ({ratio})")
+        add(f"Hypervolume of the {cfg.methods[fm].label} front minus each method's, in units of the larger "
+            "seed std of the two: " + "; ".join(lines_hv) + ".")
         add("")
 
     # ---- conflict and geometry

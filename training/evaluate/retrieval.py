@@ -73,6 +73,43 @@ def score_dl(
     )
 
 
+def score_dl_sweep(
+    bench: DLBench,
+    corpus: np.ndarray,
+    queries: Mapping[str, np.ndarray],
+    layout: SubspaceLayout,
+    *,
+    sweep: Sequence[WeightsInput],
+    year: str,
+    k: int = K_EVAL,
+) -> list[RetrievalScores]:
+    """:func:`score_dl` at every weight vector of ``sweep``, in one engine call: the queries are
+    repeated once per weight vector, each copy with its own row weights (the engine's per-row
+    weights), so the corpus is scanned once per batch instead of once per weight vector."""
+    if not sweep:
+        return []
+    qids = list(bench.queries[year])
+    q = np.stack([queries[x] for x in qids]).astype(corpus.dtype)
+    w = np.stack([resolve_block_weights(s, layout) for s in sweep])  # (P, K)
+    rows_all: list[np.ndarray] = []
+    step = max(1, 4096 // max(1, len(qids)))  # weight vectors per call: bounded score workspace
+    for a in range(0, len(sweep), step):
+        ws = w[a : a + step]
+        _, rows = engine_topk(np.tile(q, (len(ws), 1)), corpus, layout, np.repeat(ws, len(qids), axis=0), k)
+        rows_all.extend(np.split(rows, len(ws)))
+    out = []
+    for rows in rows_all:
+        ndcg, ent = {}, {}
+        for qid, r in zip(qids, rows, strict=True):
+            ndcg[qid] = ndcg_at_k([bench.pids[i] for i in r], bench.qrels[year].get(qid, {}), k)
+            if bench.entities.get(qid):
+                ent[qid] = precision_at_k([bench.mentions(qid, int(i)) for i in r], k)
+        out.append(RetrievalScores(
+            float(np.mean(list(ndcg.values()))), float(np.mean(list(ent.values()))) if ent else math.nan,
+            ndcg, ent))
+    return out
+
+
 def simplex_grid(names: Sequence[str], step: float) -> list[dict[str, float]]:
     """Every weight vector on the simplex with coordinates in multiples of ``step`` (sum 1)."""
     n = round(1 / step)

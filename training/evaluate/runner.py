@@ -125,13 +125,14 @@ def _features(ctx: Context, trainer: Any) -> Features:
     if missing:
         feats = pooled_features(trainer.model.trunk, missing, trainer.config.trunk.features_cache,
                                 batch_size=trainer.config.trunk.encode_batch_size, desc="eval-only texts")
-        extra = dict(zip(missing, feats, strict=True))
+        extra = dict(zip(missing, trainer.model.with_lexical(missing, feats), strict=True))
+    width = int(store.feats.shape[1])
 
     def get(texts: Sequence[str]) -> np.ndarray:
         if not texts:
-            return np.zeros((0, trainer.model.trunk.hidden_size), dtype=np.float32)
+            return np.zeros((0, width), dtype=np.float32)
         known = [t for t in texts if t in store.row]
-        out = np.zeros((len(texts), trainer.model.trunk.hidden_size), dtype=np.float32)
+        out = np.zeros((len(texts), width), dtype=np.float32)
         if known:
             vals = store(known).cpu().numpy()
             lookup = dict(zip(known, vals, strict=True))
@@ -155,6 +156,7 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
     cfg = ctx.cfg
     d = cfg.training_dict(method, seed=seed, heldout_year=heldout_year, intent_fold=intent_fold)
     d["data_dir"] = str(ctx.data_dir)
+    d["eval"] = {**d.get("eval", {}), "enabled": False}  # evaluate_model below scores the run
     if not d.get("trunk", {}).get("features_cache"):
         # Without a cache every run would re-encode the same texts: keep one in the work dir.
         d.setdefault("trunk", {})["features_cache"] = str(ctx.work_dir / "features")
@@ -197,7 +199,7 @@ def zero_shot_runs(ctx: Context, method: str) -> list[Run]:
         test = ctx.orcas_test[fold]
         held = set(test)
         train_rows = [i for i in range(len(ctx.orcas_texts)) if i not in held]
-        zs = ZeroShot(hidden=f.corpus.shape[1]).fit_centroids(
+        zs = ZeroShot(hidden=int(ctx.timings["hidden_size"])).fit_centroids(
             f.orcas[train_rows], [ctx.orcas_labels[i] for i in train_rows], len(ctx.intent_classes))
         ev = evaluate_model(zs, f, ctx.bench, eval_year=year, orcas_labels=ctx.orcas_labels,
                             orcas_test=test, keep_embeddings=not runs, erank_rows=5000)
@@ -219,6 +221,9 @@ def run_all(ctx: Context, progress: Any = None, on_seed: Any = None) -> list[Run
     trained.sort(key=lambda m: m != cfg.front_method)
     for seed in cfg.seeds:
         for method in trained:
+            only = cfg.methods[method].seeds
+            if only is not None and seed not in only:
+                continue
             for year, fold in cfg.schedule():
                 runs.append(train_and_evaluate(ctx, method, seed, year, fold))
                 if progress is not None:
