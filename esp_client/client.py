@@ -97,8 +97,10 @@ def search_json(
     operating_point: str | None = None,
     experiment: str | None = None,
     unit_id: str | None = None,
+    filter: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The ``POST /v1/search`` body. A lone text, vector or mapping is one query; a 2-D array is rows."""
+    """The ``POST /v1/search`` body. A lone text, vector or mapping is one query; a 2-D array is rows.
+    ``filter``: a metadata filter, e.g. ``{"field": "lang", "eq": "en"}`` (see the README)."""
     items: list[Any]
     if isinstance(queries, str | Mapping):
         items = [queries]
@@ -115,6 +117,7 @@ def search_json(
         ("operating_point", operating_point),
         ("experiment", experiment),
         ("unit_id", unit_id),
+        ("filter", dict(filter) if filter is not None else None),
     ):
         if value is not None:
             body[key] = value

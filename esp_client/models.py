@@ -67,6 +67,7 @@ class LayoutResponse(_Answer):
     subspaces: list[SubspaceInfo]
     default_weights: dict[str, float]
     bundle_version: str
+    metadata_fields: dict[str, str] = {}  # what a search filter may name: field -> type
 
 
 class Health(_Answer):

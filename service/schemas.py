@@ -151,6 +151,9 @@ class LayoutResponse(BaseModel):
     subspaces: list[SubspaceInfo]
     default_weights: dict[str, float]
     bundle_version: str
+    metadata_fields: dict[str, str] = Field(
+        default_factory=dict, description="fields a search filter may name, with their types"
+    )
 
 
 class Health(BaseModel):

@@ -5,6 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from service.filtering import filter_context
 from service.rollout import status_body
 from service.routes.deps import MetricsDep, StateDep
 from service.schemas import Health, LayoutResponse, Readiness, SubspaceInfo, error_responses
@@ -44,6 +45,7 @@ async def layout(state: StateDep) -> LayoutResponse:
         subspaces=[SubspaceInfo(**o.to_dict()) for o in lay.objectives],
         default_weights=weights_dict(lay.default_weights(), lay),
         bundle_version=state.version,
+        metadata_fields=filter_context(state).schema.to_dict(),
     )
 
 

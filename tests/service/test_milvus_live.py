@@ -215,6 +215,8 @@ def test_a_filter_on_the_numpy_server_is_exact_and_checked(served: LiveServer, s
     fields = {k for d in docs for k in d}
     assert "text" in fields
     target = docs[3]["text"]
+    fields = httpx.get(f"{served.url}/v1/layout", timeout=30).json()["metadata_fields"]
+    assert fields["text"] == "string"  # what a filter may name, listed for clients
     q = normalize_blocks(
         np.random.default_rng(3).standard_normal((1, b.layout.dim)).astype(np.float32), b.layout
     )
