@@ -187,14 +187,20 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     client = MilvusClient(uri=uri, timeout=600, alias="esp-bench")
     try:
-        progress(f"n={n}: writing the 3-field collection")
-        t0 = time.perf_counter()
-        hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch)
-        out["load_seconds_three_fields"] = round(time.perf_counter() - t0, 1)
-        for limit in args.hybrid_limits:
-            measure(
-                f"hybrid_weighted_ranker_limit{limit}", hybrid_search(client, f"hybrid_{n}", layout, limit)
-            )
+        if "hybrid" in args.skip and "approx" in args.skip:
+            return _finish(out, methods)
+        if "hybrid" not in args.skip:
+            progress(f"n={n}: writing the 3-field collection")
+            t0 = time.perf_counter()
+            hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch)
+            out["load_seconds_three_fields"] = round(time.perf_counter() - t0, 1)
+            for limit in args.hybrid_limits:
+                measure(
+                    f"hybrid_weighted_ranker_limit{limit}",
+                    hybrid_search(client, f"hybrid_{n}", layout, limit),
+                )
+        if "approx" in args.skip:
+            return _finish(out, methods)
 
         indexes: list[tuple[str, dict[str, Any]]] = [("IVF_FLAT", {"nlist": nl}) for nl in args.nlist]
         indexes += [("AUTOINDEX", {}), ("HNSW", {"M": 16, "efConstruction": 200})]
@@ -238,6 +244,10 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
                 approx.close()
     finally:
         client.close()
+    return _finish(out, methods)
+
+
+def _finish(out: dict[str, Any], methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
     anchor = methods["numpy"]["ms_per_query"]
     for m in methods.values():
         if "ms_per_query" in m:
@@ -246,7 +256,7 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     return out
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000])
     p.add_argument(
@@ -256,6 +266,7 @@ def main() -> int:
     p.add_argument("--batch", type=int, default=2000, help="rows per insert")
     p.add_argument("--nlist", type=int, nargs="+", default=[1024, 64], help="IVF_FLAT lists (one index each)")
     p.add_argument("--nprobe", type=int, default=64)
+    p.add_argument("--skip", nargs="*", default=[], choices=["hybrid", "approx"], help="leave methods out")
     p.add_argument(
         "--candidates", type=int, nargs="+", default=[100, 400], help="approximate: candidates re-ranked"
     )
@@ -265,7 +276,7 @@ def main() -> int:
     p.add_argument(
         "--workdir", type=Path, default=None, help="where the Milvus Lite files go (default: a temp dir)"
     )
-    args = p.parse_args()
+    args = p.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="esp-milvus-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
         runs = [run_size(n, args, workdir) for n in args.sizes]
