@@ -69,17 +69,33 @@ def proc_stats(pid: int) -> dict[str, float]:
 
 
 class Conns:
-    """Idle keep-alive connections, opened on demand (an open-loop client needs many). One idle
-    longer than ``max_idle`` is dropped, not reused: the server closes idle connections (its
-    keep-alive timeout), and a request sent on one it is closing would be lost to the client."""
+    """A bounded pool of keep-alive connections, as a client's connection pool or a load balancer
+    has (``size``): a request due while all are busy waits for one, and that wait counts in its
+    latency. One idle longer than ``max_idle`` is dropped, not reused: the server closes idle
+    connections (its keep-alive timeout), and a request sent on one it is closing would be lost."""
 
-    def __init__(self, host: str, port: int, max_idle: float = 3.0) -> None:
+    def __init__(self, host: str, port: int, size: int = 256, max_idle: float = 3.0) -> None:
         self.host, self.port = host, port
         self.max_idle = max_idle
         self.idle: list[tuple[float, RawConnection]] = []
         self.opened = 0
+        self.slots = asyncio.Semaphore(size)
 
     async def get(self) -> RawConnection:
+        await self.slots.acquire()
+        try:
+            return await self._get()
+        except BaseException:
+            self.slots.release()
+            raise
+
+    def drop(self, conn: RawConnection) -> None:
+        """A connection that failed: closed, its slot freed."""
+        self.slots.release()
+        if conn._writer is not None:
+            conn._writer.close()
+
+    async def _get(self) -> RawConnection:
         now = time.monotonic()
         while self.idle:
             since, conn = self.idle.pop()
@@ -93,6 +109,7 @@ class Conns:
 
     def put(self, conn: RawConnection) -> None:
         self.idle.append((time.monotonic(), conn))
+        self.slots.release()
 
     async def close(self) -> None:
         for _, conn in self.idle:
@@ -191,7 +208,7 @@ async def open_loop(
             status, _, retry_after = await send(conn, requests[i % len(requests)], timeout)
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
             tally.record(None, 0.0, False, type(exc).__name__)
-            await conn.__aexit__()
+            conns.drop(conn)
             return
         tally.record(status, time.perf_counter() - due, retry_after)
         conns.put(conn)
@@ -296,7 +313,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
             )
             for row in q
         ]
-        conns = Conns(host, port)
+        conns = Conns(host, port, size=args.connections)
         progress("unloaded: one closed-loop caller")
         await closed_loop(conns, requests, 1, 1.0, args.timeout)  # warm
         unloaded, _ = await closed_loop(conns, requests, 1, args.unloaded_seconds, args.timeout)
@@ -348,6 +365,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "lost": tally.lost,
         "lost_reasons": tally.lost_reasons,
         "refusals_without_retry_after": tally.no_retry_after,
+        "connections": args.connections,
         "connections_opened": conns.opened,
         **ops,
         "rss_mb": {
@@ -376,6 +394,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--reload-every", type=float, default=60.0, help="seconds between hot reloads")
     p.add_argument("--registry-every", type=float, default=120.0, help="seconds between registry changes")
     p.add_argument("--peak-concurrency", type=int, default=32)
+    p.add_argument("--connections", type=int, default=256, help="the client's connection pool in the soak")
     p.add_argument("--peak-seconds", type=float, default=15.0)
     p.add_argument("--unloaded-seconds", type=float, default=10.0)
     p.add_argument("--latency-budget-ms", type=float, default=None, help="server setting (default: its own)")

@@ -285,6 +285,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         )
         self.transport.write(b"".join(head))
 
+    def send_400_response(self, msg: str) -> None:
+        """A request the parser cannot read: the service's error body (not uvicorn's plain text)."""
+        self._write_error(400, f"invalid HTTP request (request line, headers or chunked body): {msg}")
+        self.close_lingering(force=True)
+
     def _reject(self, status: int, message: str) -> None:
         """Answer ``status`` (431, 408) before the app ran, then close lingering."""
         self._rejection = None

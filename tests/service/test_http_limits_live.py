@@ -107,3 +107,9 @@ def test_past_the_connection_limit_the_answer_is_503_with_retry_after(
         answer = _exchange(server, b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
     assert _status(answer) == 503
     assert b"retry-after: 1" in answer.lower() and b'"type": "not_ready"' in answer
+
+
+def test_an_unparsable_request_gets_the_error_body(limited: LiveServer) -> None:
+    answer = _exchange(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
+    assert _status(answer) == 400
+    assert b'"type": "bad_request"' in answer and b"invalid HTTP request" in answer
