@@ -8,7 +8,7 @@ run cannot pass without having run them.
 
 Fixtures:
 
-``chromium_browser``  session-scoped: one browser, launched on first use with :data:`FLAGS`
+``chromium_browser``  module-scoped: one browser per test module, launched with :data:`FLAGS`
                       (Playwright gives every launch a fresh temporary user-data-dir).
 ``loopback_page``     ``open(url) -> Visit``: a new browser context (no shared cookies or cache)
                       and page, loaded at ``url``. Every request the page makes is recorded in
@@ -114,8 +114,10 @@ class Visit:
         return sum(1 for m, u in self.calls if m == method and urlsplit(u).path == path)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def chromium_browser() -> Iterator[Browser]:
+    # Module scope: Playwright's sync API keeps an asyncio loop running in this thread while it
+    # is open, so a session-wide browser would make every later asyncio.run() in the suite fail.
     require_chromium()
     from playwright.sync_api import sync_playwright
 
