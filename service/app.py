@@ -38,7 +38,12 @@ from service.errors import (
 from service.exposure import ExposureLog
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
-from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
+from service.middleware import (
+    AdmissionMiddleware,
+    BodyLimitMiddleware,
+    MetricsMiddleware,
+    RequestIdMiddleware,
+)
 from service.registry import RegistryWatcher
 from service.rollout import BundleRollout
 from service.routes import admin, cluster, docs, documents, embeddings, meta, registry, search, ui
@@ -221,6 +226,7 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.holder = StateHolder()
     app.state.tracing = Tracing.from_settings(settings)  # spans of each search (service.tracing)
     _install_error_handlers(app)
+    app.add_middleware(AdmissionMiddleware)  # innermost: a late search is refused before its body is read
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line of a request carries its id
