@@ -1,0 +1,31 @@
+"""bench/ann.py --quick on the tiny bundle: one JSON line with the issue's keys."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from bench import ann
+
+
+def test_ann_bench_prints_one_json_line_with_its_keys(
+    tiny_bundle: Path, tiny_data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from training.data.trec import TREC_DIR
+
+    argv = ["--quick", "--n", "3000", "--bundle", str(tiny_bundle), "--data", str(tiny_data_dir / TREC_DIR)]
+    assert ann.main(argv) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    r = json.loads(lines[0])
+    assert r["n"] == 3000 and r["truth_agrees_with_exact_engine"] == 1.0
+    assert r["weight_vectors"] == len(r["per_weight"]) == len(ann.simplex_grid(len(r["layout"]), 0.5))
+    for budget, cell in r["summary"]["per_budget"].items():
+        assert 0.0 <= cell["ivf_worst_recall"] <= cell["ivf_mean_recall"] <= 1.0
+        assert 0.0 <= cell["faiss_ivf_worst_recall"] <= 1.0
+        assert 0 < cell["ivf_touched_mean"] <= 2 * float(budget.removeprefix("budget"))
+        assert cell["ms_b1_mean"] > 0 and cell["speedup_b1_vs_exact"] > 0
+    assert set(r["per_weight"][0]["hnsw"]) == {"ef64"}
+    assert r["build"]["ivf_bytes"] > 0 and r["summary"]["ms_b1"]["exact"] > 0
