@@ -160,3 +160,13 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
     assert b"latency budget of 250 ms" in late[1]["body"]
     assert asyncio.run(run(waited=0.1)) == [] and reached == ["/v1/search"]  # 100 + 50 ms: admitted
     assert asyncio.run(run(waited=0.3, path="/v1/cluster")) == []  # only the search is admitted by wait
+
+
+def test_the_app_admits_searches_by_wait_before_reading_them() -> None:
+    from service.app import create_app
+    from service.config import Settings
+    from service.middleware import AdmissionMiddleware, BodyLimitMiddleware
+
+    stack = [m.cls for m in create_app(Settings()).user_middleware]
+    assert AdmissionMiddleware in stack
+    assert stack.index(AdmissionMiddleware) > stack.index(BodyLimitMiddleware)  # inside the body limit
