@@ -16,12 +16,12 @@ REPO = Path(__file__).resolve().parents[2]
 def test_demo_config_loads_and_env_overrides(monkeypatch: pytest.MonkeyPatch) -> None:
     cfg = load_config(REPO / "configs" / "demo.yaml")
     assert [o.name for o in cfg.objectives] == ["semantic", "entity", "intent"]
-    assert (cfg.trunk.mode, cfg.weighting.name, cfg.surgery.name) == ("frozen", "dwa", "pcgrad")
+    assert (cfg.trunk.mode, cfg.weighting.name, cfg.surgery.name) == ("frozen", "equal", "sum")
     assert cfg.split.heldout_year == "dl20"
     monkeypatch.setenv("ESP_TRAIN_OPTIM__STEPS", "7")
     monkeypatch.setenv("ESP_TRAIN_TRUNK__MODE", "top:2")
     cfg = load_config(REPO / "configs" / "demo.yaml")
-    assert cfg.optim.steps == 7 and cfg.trunk.mode == "top:2" and cfg.optim.lr == 0.0003
+    assert cfg.optim.steps == 7 and cfg.trunk.mode == "top:2" and cfg.optim.lr == 0.001
 
 
 @pytest.mark.parametrize(

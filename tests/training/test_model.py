@@ -39,7 +39,9 @@ def test_esp_and_single_head_layouts_and_parameter_groups(tiny_bert_dir: Path) -
     assert id(esp.prototypes) in {id(p) for p in esp.task_parameters("intent")}
     single = build_tiny_model(tiny_bert_dir, architecture="single_head")
     assert single.layout.names == ("shared",) and single.layout.dim == 32
-    assert {id(p) for p in single.heads["shared"].parameters()} <= {id(p) for p in single.shared_parameters()}
+    # the same heads as ESP, but every loss reads their concatenation: all of them are shared
+    assert set(single.heads) == set(TINY_DIMS)
+    assert {id(p) for p in single.heads.parameters()} <= {id(p) for p in single.shared_parameters()}
     assert single.task_parameters("semantic") == []
     texts = ["cost of flooring", "flea life cycle", "facebook login"]
     for model in (esp, single):

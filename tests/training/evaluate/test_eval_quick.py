@@ -77,15 +77,17 @@ def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
     assert set(ops) == {"semantic_first", "balanced", "entity_first"}
     sem = ops["semantic_first"]["metrics"]["ndcg@10"]
     ent = ops["entity_first"]["metrics"]["entity_p@10"]
-    front = res["methods"][ "esp_pcgrad_dwa"]["curves"]
+    front = res["methods"]["esp"]["curves"]
     assert math.isclose(sem, max(np.mean([c[i]["metrics"]["ndcg@10"] for c in front.values()])
                                  for i in range(6)), abs_tol=1e-12)
     assert ent >= ops["semantic_first"]["metrics"]["entity_p@10"]
-    diag = res["diagnostics"]["esp_pcgrad_dwa"]
-    assert 0.0 <= diag["proj[semantic/entity]"] <= 1.0
-    assert res["diagnostics"]["esp_sum"]["proj[semantic/entity]"] == 0.0  # no surgery, no projection
+    # PCGrad acts where parameters are shared: the single-head heads, ESP's shared adapter
+    for method in ("single_pcgrad_dwa", "esp_adapter_pcgrad_dwa"):
+        assert 0.0 <= res["diagnostics"][method]["proj[semantic/entity]"] <= 1.0
+    assert res["diagnostics"]["single_head"]["proj[semantic/entity]"] == 0.0  # no surgery, no projection
+    assert "proj[semantic/entity]" not in res["diagnostics"]["esp"]  # ESP shares nothing: no pairs
     rows = res["clustering"]["rows"]
-    assert {r["setting"] for r in rows if r["method"] == "esp_pcgrad_dwa"} == set(res["clustering"]["settings"])
+    assert {r["setting"] for r in rows if r["method"] == "esp"} == set(res["clustering"]["settings"])
     for r in rows:  # groups of two or more are scored apart from singletons (pure by construction)
         o = r["orcas"]
         assert 0.0 <= o["singletons"] <= 1.0

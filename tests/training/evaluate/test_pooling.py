@@ -44,7 +44,7 @@ def test_schedule_alternates_years_over_the_intent_folds() -> None:
     cfg = load_eval_config(CONFIG)
     assert cfg.intent_folds == 5
     assert cfg.schedule() == [("dl20", 0), ("dl19", 1), ("dl20", 2), ("dl19", 3), ("dl20", 4)]
-    split = cfg.training_config("esp_sum", seed=1, heldout_year="dl19", intent_fold=3).split
+    split = cfg.training_config("esp", seed=1, heldout_year="dl19", intent_fold=3).split
     assert (split.heldout_year, split.intent_folds, split.intent_fold) == ("dl19", 5, 3)
     no_folds = cfg.model_copy(update={"intent_folds": None})
     assert no_folds.schedule() == [("dl20", None), ("dl19", None)]
