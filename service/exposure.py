@@ -15,8 +15,8 @@ one), so records join the responses, and the outcome events the caller logs with
 request id; ``unit_id`` joins by unit. Settings (``ESP_EXPOSURE_*``, :mod:`service.config`):
 
 - ``exposure_log``: ``off`` (default), ``stdout`` (one bare JSON object per line; uvicorn's access
-  lines go to stdout too: a record has an ``experiment`` key and no ``logger``) or ``file`` (``exposure_log_path``, rotated at
-  ``exposure_log_max_bytes``, ``exposure_log_backups`` kept);
+  lines go to stdout too: a record has an ``experiment`` key and no ``logger``) or ``file``
+  (``exposure_log_path``, rotated at ``exposure_log_max_bytes``, ``exposure_log_backups`` kept);
 - ``exposure_sample_rate``: the share of *units* logged, decided by ``sha256(unit_id)``, so a
   sampled unit has all its exposures logged and the others none (per-unit analyses stay whole);
 - ``exposure_hash_unit_id`` (default true): ``sha256(exposure_salt:unit_id)`` as

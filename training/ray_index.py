@@ -43,6 +43,7 @@ from subspace.atomic import atomic_write_bytes, atomic_write_text
 from subspace.bundle import read_bundle, sha256_file, write_bundle
 from subspace.scoring import normalize_blocks
 from training.data.corpus import JSONL_SUFFIXES, TSV_SUFFIXES, CorpusError, Doc, parse_lines, record_doc
+from training.display_text import repair_display
 
 log = logging.getLogger(__name__)
 
@@ -229,8 +230,9 @@ class EncodeShards:
         meta = json.dumps({
             "ids": [str(x) for x in batch["id"][start:stop]],
             "lines": [int(x) for x in batch["line"][start:stop]],
-            "docs": [{"text": t, **json.loads(str(d))} for t, d in zip(texts, batch["display"][start:stop],
-                                                                     strict=True)],
+            # display text repaired exactly as the single-process path does; the embedded text is not
+            "docs": [repair_display({"text": t, **json.loads(str(d))})[0]
+                     for t, d in zip(texts, batch["display"][start:stop], strict=True)],
         }, ensure_ascii=False).encode("utf-8")
         atomic_write_bytes(self.shards / f"{stem}.npy", emb)
         atomic_write_bytes(self.shards / f"{stem}.json", meta)

@@ -390,7 +390,8 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
         + ("" if p["seeds_done"] == list(cfg.seeds) else f" (PARTIAL: the config asks for seeds {cfg.seeds})")
         + ". "
         "Frozen-trunk training: the all-MiniLM-L6-v2 trunk is frozen, its mean-pooled features are "
-        "computed once and cached; each method trains its heads (and the shared residual adapter where one is configured).")
+        "computed once and cached; each method trains its heads (and the shared residual adapter where "
+        "one is configured).")
     add("")
     tim = [v for k, v in results["timings"].items() if "features_s" in v]
     if tim:
