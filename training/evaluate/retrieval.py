@@ -57,20 +57,7 @@ def score_dl(
 
     ``queries``: qid -> block-normalised ``(D,)`` embedding for at least the queries of ``year``.
     """
-    qids = list(bench.queries[year])
-    q = np.stack([queries[x] for x in qids]).astype(corpus.dtype)
-    _, rows = search(q, corpus, layout, weights, k)
-    ndcg, ent = {}, {}
-    for qid, r in zip(qids, rows, strict=True):
-        ndcg[qid] = ndcg_at_k([bench.pids[i] for i in r], bench.qrels[year].get(qid, {}), k)
-        if bench.entities.get(qid):
-            ent[qid] = precision_at_k([bench.mentions(qid, int(i)) for i in r], k)
-    return RetrievalScores(
-        float(np.mean(list(ndcg.values()))),
-        float(np.mean(list(ent.values()))) if ent else math.nan,
-        ndcg,
-        ent,
-    )
+    return score_dl_sweep(bench, corpus, queries, layout, sweep=[weights], year=year, k=k)[0]
 
 
 def score_dl_sweep(
@@ -79,7 +66,7 @@ def score_dl_sweep(
     queries: Mapping[str, np.ndarray],
     layout: SubspaceLayout,
     *,
-    sweep: Sequence[WeightsInput],
+    sweep: Sequence[WeightsInput | None],
     year: str,
     k: int = K_EVAL,
 ) -> list[RetrievalScores]:
