@@ -23,6 +23,7 @@ import functools
 import inspect
 import os
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -196,37 +197,20 @@ class Backend(ABC):
         q, w, k = self._validate(queries, block_weights, k)
         if allowed is not None:
             return self._search_allowed(q, w, k, self._check_allowed(allowed))
-        nq, n = q.shape[0], self.num_docs
+        n = self.num_docs
         kk = min(k, n)
-        wd = self.layout.expand(w)  # (nq, D) float64
-        scaled64 = q.astype(np.float64) * wd
-        scaled32 = scaled64.astype(np.float32)
-        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)  # (nq, K)
-        scale = (w * qnorm) @ self._max_block_norm  # (nq,) bound on sum_k w_k |q_k| |d_k|
+        scaled64, scaled32, scale = self._scaled(q, w)
 
-        out_rows = np.empty((nq, kk), np.int64)
-        out_scores = np.empty((nq, kk), np.float32)
-        pending = np.arange(nq)
-        c = self.candidates(kk)
-        while pending.size:
+        def step(pending: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
             if c >= n:
-                rows = np.broadcast_to(np.arange(n, dtype=np.int64), (pending.size, n))
-                done = np.ones(pending.size, bool)
-            else:
-                rows, scan = self._scan(scaled32[pending], c)
-                eps = self._scan_rel_error(pending.size) * scale[pending]
-                done = self._complete(rows, scan, kk, c, eps)
-                rows = self._prune(rows, scan, kk, eps)
-            if done.any():
-                idx = pending[done]
-                r, s = self._rerank(scaled64[idx], rows[done], kk)
-                out_rows[idx], out_scores[idx] = r, s
-            if not done.all():
-                self.rescans += int((~done).sum())
-            pending = pending[~done]
-            c *= 4
-        sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
-        return SearchResult(out_scores, out_rows, sub)
+                every = np.broadcast_to(np.arange(n, dtype=np.int64), (pending.size, n))
+                return every, np.ones(pending.size, bool)
+            rows, scan = self._scan(scaled32[pending], c)
+            eps = self._scan_rel_error(pending.size) * scale[pending]
+            done = self._complete(rows, scan, kk, c, eps)
+            return self._prune(rows, scan, kk, eps), done
+
+        return self._refine(q, scaled64, kk, self.candidates(kk), step)
 
     def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
         """Release what the backend holds beyond memory (threads, device buffers, indexes).
@@ -287,38 +271,57 @@ class Backend(ABC):
             return SearchResult(
                 empty.astype(np.float32), empty.astype(np.int64), np.empty((nq, 0, K), np.float32)
             )
-        scaled64 = q.astype(np.float64) * self.layout.expand(w)
-        scaled32 = scaled64.astype(np.float32)
-        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)
-        scale = (w * qnorm) @ self._max_block_norm
+        scaled64, scaled32, scale = self._scaled(q, w)
         subset = 4 * na <= n or not own_scan
         total = na if subset else n
-        out_rows = np.empty((nq, kk), np.int64)
-        out_scores = np.empty((nq, kk), np.float32)
-        pending = np.arange(nq)
         c = self.candidates(kk)
         if not subset:
             c = -(-c * n // na)
-        while pending.size:
+
+        def step(pending: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
             if c >= total:
-                rows = np.broadcast_to(idx, (pending.size, na))
-                done = np.ones(pending.size, bool)
+                return np.broadcast_to(idx, (pending.size, na)), np.ones(pending.size, bool)
+            if subset:
+                full, scan = self._scan_rows(scaled32[pending], idx, c)
             else:
-                if subset:
-                    full, scan = self._scan_rows(scaled32[pending], idx, c)
-                else:
-                    full, scan = self._scan(scaled32[pending], c)
-                eps = self._scan_rel_error(pending.size) * scale[pending]
-                bound = scan[:, c - 1] if scan.shape[1] >= c else np.full(len(scan), -np.inf, np.float32)
-                rows, scan = _keep_allowed(full, scan, mask, kk)
-                kth = scan[:, kk - 1].astype(np.float64)
-                done = ((rows >= 0).sum(axis=1) >= kk) & (bound.astype(np.float64) < kth - 2.0 * eps)
-                done |= (full >= 0).sum(axis=1) >= total
-                rows = self._prune(rows, scan, kk, eps)
+                full, scan = self._scan(scaled32[pending], c)
+            eps = self._scan_rel_error(pending.size) * scale[pending]
+            bound = scan[:, c - 1] if scan.shape[1] >= c else np.full(len(scan), -np.inf, np.float32)
+            rows, scan = _keep_allowed(full, scan, mask, kk)
+            kth = scan[:, kk - 1].astype(np.float64)
+            done = ((rows >= 0).sum(axis=1) >= kk) & (bound.astype(np.float64) < kth - 2.0 * eps)
+            done |= (full >= 0).sum(axis=1) >= total
+            return self._prune(rows, scan, kk, eps), done
+
+        return self._refine(q, scaled64, kk, c, step)
+
+    def _scaled(self, q: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The block-scaled queries in float64 and float32, and per query the bound
+        ``sum_k w_k |q_k| max|d_k|`` on any score (the scan's error scales with it)."""
+        scaled64 = q.astype(np.float64) * self.layout.expand(w)  # (nq, D)
+        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)  # (nq, K)
+        return scaled64, scaled64.astype(np.float32), (w * qnorm) @ self._max_block_norm
+
+    def _refine(
+        self,
+        q: np.ndarray,
+        scaled64: np.ndarray,
+        kk: int,
+        c: int,
+        step: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]],
+    ) -> SearchResult:
+        """The loop both searches share: ``step(pending, c)`` scans the pending queries for ``c``
+        candidates and returns their pruned candidate rows and which are complete; those are
+        re-ranked exactly, the others rescanned with ``4c``. Then the per-subspace scores."""
+        nq = q.shape[0]
+        out_rows = np.empty((nq, kk), np.int64)
+        out_scores = np.empty((nq, kk), np.float32)
+        pending = np.arange(nq)
+        while pending.size:
+            rows, done = step(pending, c)
             if done.any():
                 sel = pending[done]
-                r, s = self._rerank(scaled64[sel], rows[done], kk)
-                out_rows[sel], out_scores[sel] = r, s
+                out_rows[sel], out_scores[sel] = self._rerank(scaled64[sel], rows[done], kk)
             if not done.all():
                 self.rescans += int((~done).sum())
             pending = pending[~done]
