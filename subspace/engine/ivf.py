@@ -156,7 +156,7 @@ class IvfBackend(Backend):
         rows; a broad one keeps only allowed rows among the probed lists' members.
         """
         q, w, k = self._validate(queries, block_weights, k)
-        mask = None if allowed is None else self._mask(allowed)
+        mask = None if allowed is None else self._check_allowed(allowed)
         nq, K = q.shape[0], len(self.layout)
         scaled64 = q.astype(np.float64) * self.layout.expand(w)
         n_ok = self.num_docs if mask is None else int(mask.sum())
@@ -176,15 +176,6 @@ class IvfBackend(Backend):
             out_rows, out_scores = self._rerank(scaled64, rows, kk)
         sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
         return SearchResult(out_scores, out_rows, sub)
-
-    def _mask(self, allowed: Any) -> np.ndarray:
-        mask = np.asarray(allowed)
-        if mask.dtype != np.bool_ or mask.shape != (self.num_docs,):
-            raise EngineInputError(
-                f"allowed must be a boolean mask of shape ({self.num_docs},), got {mask.dtype} {mask.shape}",
-                "allowed",
-            )
-        return mask
 
     def _exact_rows(self, scaled64: np.ndarray, idx: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
         """Exact float64 top ``kk`` among rows ``idx`` (ascending): ``(rows, scores float32)``."""
