@@ -1,8 +1,8 @@
 """Write a file atomically: readers see the old content or the new, never a partial file.
 
 The one way this project writes single files (reports, plots, CSVs, JSON logs, generated
-manifests; bundles swap a whole directory and use :func:`fsync_dir`). The data goes to a
-temporary sibling (same folder, hence same filesystem), is flushed and fsync'ed, then
+manifests); a whole folder (a bundle) is swapped in the same way by :func:`atomic_dir`. The
+data goes to a temporary sibling (same folder, hence same filesystem), is flushed and fsync'ed, then
 ``os.replace`` renames it over the target and the folder is fsync'ed so the rename survives
 a crash. On any exception the temporary file is removed and the target is untouched. The
 parent folder is created. The new file gets ``open()``'s permissions (0o666 minus the umask),
@@ -11,18 +11,22 @@ not ``mkstemp``'s 0o600. Standard library only.
     atomic_write_text(path, json.dumps(obj))
     with atomic_open(path, "wb") as fh:      # for writers that stream: np.save, savefig, csv
         np.save(fh, array, allow_pickle=False)
+    with atomic_dir(folder) as tmp:          # fill tmp; it replaces folder when the block ends
+        ...
 """
 
 from __future__ import annotations
 
 import os
 import secrets
+import shutil
+import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal, TextIO, overload
 
-__all__ = ["atomic_open", "atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+__all__ = ["atomic_dir", "atomic_open", "atomic_write_bytes", "atomic_write_text", "fsync_dir"]
 
 MODES = ("wb", "w")
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
@@ -102,3 +106,29 @@ def atomic_write_text(
     with atomic_open(path, "w", encoding=encoding, newline=newline) as fh:
         fh.write(text)
     return Path(path)
+
+
+@contextmanager
+def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
+    """Context manager yielding a new empty folder beside ``path`` (``.<name>.tmp-*``); when the
+    block exits without an exception the folder (made 0o755) replaces ``path``: an old one is
+    moved aside, the new one renamed in, the old one removed, and the parent fsync'ed. On any
+    exception the temporary folder is removed and ``path`` is untouched. Fsync'ing the files
+    written inside is the caller's job. The parent folder is created."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
+    try:
+        yield tmp
+        os.chmod(tmp, 0o755)
+        if path.exists():
+            trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
+            os.replace(path, trash / path.name)
+            os.replace(tmp, path)
+            shutil.rmtree(trash, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+        fsync_dir(path.parent)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise

@@ -30,7 +30,6 @@ import json
 import os
 import shutil
 import stat
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,7 +37,7 @@ from typing import Any
 
 import numpy as np
 
-from subspace.atomic import fsync_dir
+from subspace.atomic import atomic_dir
 from subspace.errors import FieldError
 from subspace.jsonfile import read_json_object
 from subspace.layout import LayoutError, SubspaceLayout
@@ -178,9 +177,7 @@ def write_bundle(
     if out.exists() and not overwrite:
         raise BundleError(f"{out} already exists (pass overwrite=True to replace it)")
 
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
-    try:
+    with atomic_dir(out) as tmp:
         np.save(tmp / EMBEDDINGS, np.ascontiguousarray(emb), allow_pickle=False)
         (tmp / IDS).write_text(json.dumps(id_list), encoding="utf-8")
         if docs is not None:
@@ -207,18 +204,6 @@ def write_bundle(
         for rel in [*files, MANIFEST]:
             with (tmp / rel).open("rb") as fh:
                 os.fsync(fh.fileno())
-        os.chmod(tmp, 0o755)
-        if out.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
-            os.replace(out, trash / out.name)
-            os.replace(tmp, out)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, out)
-        fsync_dir(out.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return out
 
 

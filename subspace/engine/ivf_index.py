@@ -31,7 +31,6 @@ import io
 import json
 import os
 import shutil
-import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,7 +38,7 @@ from typing import Any
 
 import numpy as np
 
-from subspace.atomic import atomic_open, atomic_write_text, fsync_dir
+from subspace.atomic import atomic_dir, atomic_open, atomic_write_text
 from subspace.bundle import MANIFEST, BundleError, content_version, json_default, read_bundle, sha256_file
 from subspace.layout import LayoutError, SubspaceLayout
 
@@ -488,9 +487,7 @@ def add_index_to_bundle(
     dest = Path(out) if out is not None else src
     if dest.exists() and dest != src:
         raise IvfIndexError(f"{dest} already exists", "out")
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.tmp-", dir=dest.parent))
-    try:
+    with atomic_dir(dest) as tmp:
         files: dict[str, str] = {}
         for rel, digest in bundle.manifest["files"].items():
             if rel.split("/", 1)[0] == BUNDLE_DIR:
@@ -512,16 +509,4 @@ def add_index_to_bundle(
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=json_default), "utf-8")
         with (tmp / MANIFEST).open("rb") as fh:
             os.fsync(fh.fileno())
-        os.chmod(tmp, 0o755)
-        if dest.exists():
-            trash = Path(tempfile.mkdtemp(prefix=f".{dest.name}.old-", dir=dest.parent))
-            os.replace(dest, trash / dest.name)
-            os.replace(tmp, dest)
-            shutil.rmtree(trash, ignore_errors=True)
-        else:
-            os.replace(tmp, dest)
-        fsync_dir(dest.parent)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return {"bundle": str(dest), "version": manifest["version"], **index.report}

@@ -1,4 +1,4 @@
-"""subspace.atomic: content lands, a failed write leaves the old file byte-identical and no temp file."""
+"""subspace.atomic: content lands, a failed write leaves the old file (or folder) as it was and no temp."""
 
 import json
 import os
@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subspace.atomic import atomic_open, atomic_write_bytes, atomic_write_text
+from subspace.atomic import atomic_dir, atomic_open, atomic_write_bytes, atomic_write_text
 from subspace.bundle import json_default
 
 OLD = b"old content \x00\xff\n"
@@ -121,6 +121,39 @@ def test_bad_mode_names_the_allowed_ones(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"mode: 'a'.*\['wb', 'w'\]"):
         atomic_open(tmp_path / "x", "a")  # type: ignore[call-overload]
     assert _only(tmp_path) == []
+
+
+def test_atomic_dir_swaps_a_whole_folder_in(tmp_path: Path) -> None:
+    out = tmp_path / "sub" / "bundle"
+    with atomic_dir(out) as tmp:
+        assert tmp.parent == out.parent and not out.exists()
+        (tmp / "a.txt").write_text("one")
+    assert _only(out) == ["a.txt"]
+    assert stat.S_IMODE(out.stat().st_mode) == 0o755
+    with atomic_dir(out) as tmp:
+        (tmp / "b.txt").write_text("two")
+        assert _only(out) == ["a.txt"]  # the old folder is served until the block exits
+    assert _only(out) == ["b.txt"]
+    assert _only(out.parent) == ["bundle"]  # no temporary or old folder left
+
+
+def test_atomic_dir_failure_keeps_the_old_folder_and_leaves_no_temp(tmp_path: Path) -> None:
+    out = tmp_path / "bundle"
+    with atomic_dir(out) as tmp:
+        (tmp / "a.txt").write_text("one")
+
+    def write(folder: Path) -> None:
+        with atomic_dir(folder) as tmp:
+            (tmp / "b.txt").write_text("two")
+            raise BoomError
+
+    with pytest.raises(BoomError):
+        write(out)
+    assert _only(out) == ["a.txt"] and (out / "a.txt").read_text() == "one"
+    assert _only(tmp_path) == ["bundle"]
+    with pytest.raises(BoomError):
+        write(tmp_path / "new")
+    assert _only(tmp_path) == ["bundle"]
 
 
 def test_json_default_turns_numpy_and_paths_into_json() -> None:
