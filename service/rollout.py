@@ -29,7 +29,6 @@ bundle given at start (``ESP_BUNDLE``) and admin reloads rule.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import time
@@ -41,6 +40,7 @@ from service.config import Settings
 from service.errors import ReloadRefusedError
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
+from service.polling import Poller
 from service.registry.errors import RegistryError
 from service.registry.loader import decode
 from service.registry.schema import DesiredBundleSpec, desired_bundle
@@ -82,7 +82,7 @@ class BundleRollout:
         self.status = RolloutStatus()
         self._refused: tuple[str, str, str] | None = None  # (path, wanted sha, manifest sha) refused
         self._digests: dict[int, str | None] = {}  # id(state) -> its manifest digest
-        self._task: asyncio.Task[None] | None = None
+        self._poller = Poller("esp-bundle-rollout", self.check_now, what="rollout check", check_first=True)
 
     @property
     def metrics(self) -> Metrics:
@@ -173,23 +173,11 @@ class BundleRollout:
 
     # --- background polling -------------------------------------------------------------------
     async def start(self) -> None:
-        if self.path is not None and (self._task is None or self._task.done()):
-            self._task = asyncio.create_task(self._run(), name="esp-bundle-rollout")
+        if self.path is not None:
+            self._poller.start(self.poll_seconds)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
-
-    async def _run(self) -> None:
-        while True:
-            try:
-                await self.check_now()
-            except Exception:  # the loop must outlive any single bad poll
-                log.exception("rollout check failed")
-            await asyncio.sleep(self.poll_seconds)
+        await self._poller.stop()
 
 
 def status_body(rollout: BundleRollout | None, state: ServingState | None) -> dict[str, Any]:

@@ -27,7 +27,6 @@ does not block the bundle that needs it.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import hashlib
 import logging
 import os
@@ -38,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from service.metrics import Metrics
+from service.polling import Poller
 from service.registry.errors import RegistryError
 from service.registry.loader import decode
 from service.registry.model import Registry
@@ -71,7 +71,9 @@ class RegistryWatcher:
         self._bundle_points: dict[str, Any] = {}
         self._seen: Key | None = None  # the file content last acted on (installed or rejected)
         self._good: tuple[Key, Any] | None = None  # (key, parsed document) of the registry in service
-        self._task: asyncio.Task[None] | None = None
+        self._poller = Poller(
+            "esp-registry-watcher", self._check_in_thread, what="registry check", check_first=False
+        )
         #: The last rejection's message (None after a file was installed), for logs and debugging.
         self.last_error: str | None = None
         #: ``time.time()`` of the last installed registry.
@@ -243,20 +245,10 @@ class RegistryWatcher:
     # --- background polling -----------------------------------------------------------------
     async def start(self) -> None:
         """Poll every ``poll_seconds`` in an asyncio task (file reads run in a worker thread)."""
-        if self._task is None or self._task.done():
-            self._task = asyncio.create_task(self._run(), name="esp-registry-watcher")
+        self._poller.start(self.poll_seconds)
 
     async def stop(self) -> None:
-        task, self._task = self._task, None
-        if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+        await self._poller.stop()
 
-    async def _run(self) -> None:
-        while True:
-            await asyncio.sleep(self.poll_seconds)
-            try:
-                await asyncio.to_thread(self.check_now)
-            except Exception:  # the watcher must outlive any single bad poll
-                log.exception("registry check failed")
+    async def _check_in_thread(self) -> None:
+        await asyncio.to_thread(self.check_now)
