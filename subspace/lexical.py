@@ -73,17 +73,23 @@ class HashedNgrams:
     def counts_memo(self, texts: Sequence[str]) -> np.ndarray:
         """:meth:`counts`, remembered for the last few text lists (keyed by a digest of the texts):
         the runs of an ablation featurise the same corpus again and again. Do not modify the result."""
-        h = hashlib.sha256()
-        for t in texts:
-            b = t.encode("utf-8")
-            h.update(len(b).to_bytes(8, "little"))
-            h.update(b)
-        key = (self, h.hexdigest())
+        key = (self, texts_digest(texts))
         if key not in _MEMO:
             while len(_MEMO) >= _MEMO_SIZE:
                 _MEMO.pop(next(iter(_MEMO)))
             _MEMO[key] = self.counts(texts)
         return _MEMO[key]
+
+
+def texts_digest(texts: Sequence[str]) -> str:
+    """sha256 (hex) of a list of texts, each length-prefixed (``["ab"]`` and ``["a", "b"]`` differ):
+    the key of :meth:`HashedNgrams.counts_memo`, of the trunk feature cache and of a run's data hashes."""
+    h = hashlib.sha256()
+    for t in texts:
+        b = t.encode("utf-8")
+        h.update(len(b).to_bytes(8, "little"))
+        h.update(b)
+    return h.hexdigest()
 
 
 _MEMO_SIZE = 4  # the corpus, the other texts of a run, spares

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from subspace.atomic import atomic_open
+from subspace.lexical import texts_digest  # re-exported: run.py's data hashes
 from training.data import DEFAULT_DATA_DIR
 from training.model import Trunk
 
@@ -46,15 +47,6 @@ def trunk_fingerprint(trunk: Trunk) -> str:
         h.update(str(tuple(t.shape)).encode())
         h.update(t.numpy().tobytes())
     h.update(f"mean|{trunk.max_length}|{len(trunk.tokenizer)}".encode())
-    return h.hexdigest()
-
-
-def texts_digest(texts: Sequence[str]) -> str:
-    h = hashlib.sha256()
-    for t in texts:
-        b = t.encode("utf-8")
-        h.update(len(b).to_bytes(8, "little"))
-        h.update(b)
     return h.hexdigest()
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import numpy as np
 import pytest
 
-from subspace.lexical import HashedNgrams, idf
+from subspace.lexical import HashedNgrams, idf, texts_digest
 
 PASSAGES = [
     "Robert Gray was an American sea captain who explored the Columbia River.",
@@ -61,3 +63,21 @@ def test_spec_round_trips_and_rejects_bad_values() -> None:
         HashedNgrams(stop_words="french")
     with pytest.raises(ValueError, match="kind"):
         HashedNgrams.from_dict({"kind": "bm25", "n_features": 8, "ngram_max": 1})
+
+
+def test_texts_digest_is_sha256_of_length_prefixed_utf8_texts() -> None:
+    expected = hashlib.sha256(
+        (2).to_bytes(8, "little") + b"ab" + (3).to_bytes(8, "little") + "é!".encode()
+    ).hexdigest()
+    assert texts_digest(["ab", "é!"]) == expected
+    assert texts_digest(["ab"]) != texts_digest(["a", "b"])
+    assert texts_digest([]) == hashlib.sha256().hexdigest()
+
+
+def test_counts_memo_returns_the_counts_of_the_same_texts() -> None:
+    lex = HashedNgrams(n_features=64)
+    texts = ["robert gray", "gray whale"]
+    first = lex.counts_memo(texts)
+    assert lex.counts_memo(list(texts)) is first
+    np.testing.assert_array_equal(first, lex.counts(texts))
+    assert not np.array_equal(lex.counts_memo(["robert", "gray whale"]), first)
