@@ -15,16 +15,19 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from subspace.bundle import read_bundle, write_bundle
+from subspace.bundle import Bundle, read_bundle, write_bundle
 from subspace.scoring import normalize_blocks
 from training.data.corpus import CorpusError, Doc, read_corpus
 from training.display_text import repair_display
+
+if TYPE_CHECKING:
+    from encoder.query_encoder import QueryEncoder
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +46,7 @@ def index_corpus(
     """Embed ``corpus`` with ``src_bundle``'s encoder and write a bundle at ``out``; return a summary."""
     from tqdm.auto import tqdm
 
-    from encoder.query_encoder import QueryEncoder
-
-    src = read_bundle(src_bundle)
-    if src.encoder_dir is None:
-        raise CorpusError(f"{src_bundle}: the bundle has no encoder/ folder to index with")
-    if dtype not in ("float32", "float16"):
-        raise ValueError(f"dtype {dtype!r} is invalid; allowed: 'float32', 'float16'")
-    if Path(out).exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
-    enc = QueryEncoder.load(src.encoder_dir, threads=threads)
-    if enc.layout != src.layout:
-        raise CorpusError(f"{src_bundle}: the encoder's layout differs from the bundle's")
+    src, enc = open_source(src_bundle, out, dtype=dtype, overwrite=overwrite, threads=threads)
     counts = {"documents": 0, "skipped_empty": 0, "truncated": 0, "display_repaired": 0}
     ids: list[str] = []
     with tempfile.TemporaryDirectory(prefix="esp-index-") as tmp:
@@ -101,13 +93,38 @@ def index_corpus(
             sections=keep,
             overwrite=overwrite,
         )
+    log_counts(counts, enc.max_length)
+    return {"bundle": str(path), **counts}
+
+
+def open_source(
+    src_bundle: str | Path, out: str | Path, *, dtype: str, overwrite: bool, threads: int | None = None
+) -> tuple[Bundle, QueryEncoder]:
+    """The checks both indexing paths make first: the source bundle (read with every check) and
+    its query encoder (same layout), a valid ``dtype``, and ``out`` free unless ``overwrite``."""
+    from encoder.query_encoder import QueryEncoder
+
+    src = read_bundle(src_bundle)
+    if src.encoder_dir is None:
+        raise CorpusError(f"{src_bundle}: the bundle has no encoder/ folder to index with")
+    if dtype not in ("float32", "float16"):
+        raise ValueError(f"dtype {dtype!r} is invalid; allowed: 'float32', 'float16'")
+    if Path(out).exists() and not overwrite:
+        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
+    enc = QueryEncoder.load(src.encoder_dir, threads=threads)
+    if enc.layout != src.layout:
+        raise CorpusError(f"{src_bundle}: the encoder's layout differs from the bundle's")
+    return src, enc
+
+
+def log_counts(counts: Mapping[str, int], max_length: int) -> None:
+    """Warn about the documents skipped (empty text) and truncated (past ``max_length`` tokens)."""
     if counts["skipped_empty"]:
         log.warning("skipped %d documents with empty text", counts["skipped_empty"])
     if counts["truncated"]:
         log.warning(
-            "%d documents were longer than %d tokens and were truncated", counts["truncated"], enc.max_length
+            "%d documents were longer than %d tokens and were truncated", counts["truncated"], max_length
         )
-    return {"bundle": str(path), **counts}
 
 
 def _batches(docs: Iterator[Doc], size: int, counts: dict[str, int]) -> Iterator[list[Doc]]:

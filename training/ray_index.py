@@ -40,10 +40,11 @@ from typing import Any
 import numpy as np
 
 from subspace.atomic import atomic_write_bytes, atomic_write_text
-from subspace.bundle import read_bundle, sha256_file, write_bundle
+from subspace.bundle import sha256_file, write_bundle
 from subspace.scoring import normalize_blocks
 from training.data.corpus import JSONL_SUFFIXES, TSV_SUFFIXES, CorpusError, Doc, parse_lines, record_doc
 from training.display_text import repair_display
+from training.indexing import log_counts, open_source
 
 log = logging.getLogger(__name__)
 
@@ -353,20 +354,10 @@ def index_corpus_ray(
     import ray
     from tqdm.auto import tqdm
 
-    from encoder.query_encoder import QueryEncoder
-
-    src = read_bundle(src_bundle)
-    if src.encoder_dir is None:
-        raise CorpusError(f"{src_bundle}: the bundle has no encoder/ folder to index with")
-    if dtype not in ("float32", "float16"):
-        raise ValueError(f"dtype {dtype!r} is invalid; allowed: 'float32', 'float16'")
     if shard_size < 1:
         raise ValueError(f"shard_size must be >= 1, got {shard_size}")
-    if Path(out).exists() and not overwrite:
-        raise FileExistsError(f"{out} already exists (pass --overwrite to replace it)")
-    enc = QueryEncoder.load(src.encoder_dir)  # the layout check and max_length (the actors encode)
-    if enc.layout != src.layout:
-        raise CorpusError(f"{src_bundle}: the encoder's layout differs from the bundle's")
+    # the encoder here serves the layout check and max_length: the actors encode
+    src, enc = open_source(src_bundle, out, dtype=dtype, overwrite=overwrite)
     corpus_s = str(corpus)
     local = "://" not in corpus_s
     if local and not Path(corpus_s).exists():
@@ -429,11 +420,7 @@ def index_corpus_ray(
                         overwrite=overwrite)
     if not keep_work:
         shutil.rmtree(work, ignore_errors=True)
-    if summary["skipped_empty"]:
-        log.warning("skipped %d documents with empty text", summary["skipped_empty"])
-    if summary["truncated"]:
-        log.warning("%d documents were longer than %d tokens and were truncated", summary["truncated"],
-                    enc.max_length)
+    log_counts(summary, enc.max_length)
     return {
         **summary,
         "engine": "ray",
