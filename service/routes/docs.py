@@ -17,7 +17,7 @@ from __future__ import annotations
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, NamedTuple
 
 from fastapi import APIRouter, Request
 from fastapi import Path as PathParam
@@ -51,21 +51,31 @@ _HEADERS = {"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": 
 router = APIRouter(include_in_schema=False)
 
 
-def _root(request: Request) -> str:
-    return str(request.scope.get("root_path", "")).rstrip("/")
+class _Page(NamedTuple):
+    root: str  # the proxy's path prefix (ASGI root_path), "" without one
+    openapi_url: str
+    title: str
+
+    def asset(self, name: str) -> str:
+        return f"{self.root}{ASSET_PREFIX}/{name}"
+
+
+def _page(request: Request, tool: str) -> _Page:
+    root = str(request.scope.get("root_path", "")).rstrip("/")
+    app = request.app
+    return _Page(root, f"{root}{app.openapi_url}", f"{app.title} - {tool}")
 
 
 @router.get("/docs")
 async def swagger_ui(request: Request) -> HTMLResponse:
-    root = _root(request)
-    app = request.app
+    page = _page(request, "Swagger UI")
     return get_swagger_ui_html(
-        openapi_url=f"{root}{app.openapi_url}",
-        title=f"{app.title} - Swagger UI",
-        oauth2_redirect_url=f"{root}/docs/oauth2-redirect",
-        swagger_js_url=f"{root}{ASSET_PREFIX}/swagger-ui-bundle.js",
-        swagger_css_url=f"{root}{ASSET_PREFIX}/swagger-ui.css",
-        swagger_favicon_url=f"{root}{ASSET_PREFIX}/favicon.png",
+        openapi_url=page.openapi_url,
+        title=page.title,
+        oauth2_redirect_url=f"{page.root}/docs/oauth2-redirect",
+        swagger_js_url=page.asset("swagger-ui-bundle.js"),
+        swagger_css_url=page.asset("swagger-ui.css"),
+        swagger_favicon_url=page.asset("favicon.png"),
     )
 
 
@@ -76,13 +86,12 @@ async def swagger_ui_redirect() -> HTMLResponse:
 
 @router.get("/redoc")
 async def redoc(request: Request) -> HTMLResponse:
-    root = _root(request)
-    app = request.app
+    page = _page(request, "ReDoc")
     return get_redoc_html(
-        openapi_url=f"{root}{app.openapi_url}",
-        title=f"{app.title} - ReDoc",
-        redoc_js_url=f"{root}{ASSET_PREFIX}/redoc.standalone.js",
-        redoc_favicon_url=f"{root}{ASSET_PREFIX}/favicon.png",
+        openapi_url=page.openapi_url,
+        title=page.title,
+        redoc_js_url=page.asset("redoc.standalone.js"),
+        redoc_favicon_url=page.asset("favicon.png"),
         with_google_fonts=False,
     )
 
