@@ -2,7 +2,7 @@
 
 kubernetes-validate knows only built-in kinds. These schemas cover the subset of the
 monitoring.coreos.com/v1 API (ServiceMonitor, PrometheusRule) that the chart may write, with
-``additionalProperties: false`` everywhere, so a misspelt or misplaced field fails as it would
+``additionalProperties: false`` everywhere (:mod:`tests.deploy.k8s_schema`), so a misspelt or misplaced field fails as it would
 with the operator's CRD validation. Written from the operator's API reference.
 """
 
@@ -10,109 +10,67 @@ from __future__ import annotations
 
 from typing import Any
 
+from tests.deploy.k8s_schema import STRING_MAP, metadata, resource, strict
+
 # Prometheus duration, as the operator's CRDs define it.
 DURATION = {"type": "string", "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$"}
-STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
-METADATA = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name"],
-    "properties": {
-        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 253},
-        "namespace": {"type": "string"},
-        "labels": STRING_MAP,
-        "annotations": STRING_MAP,
-    },
-}
-RELABEL = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
-                            "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
-                            "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
-                            "dropequal", "DropEqual"]},
-        "modulus": {"type": "integer", "minimum": 1},
-        "regex": {"type": "string"},
-        "replacement": {"type": "string"},
-        "separator": {"type": "string"},
-        "sourceLabels": {"type": "array", "items": {"type": "string"}},
-        "targetLabel": {"type": "string"},
-    },
-}
-LABEL_SELECTOR = {
-    "type": "object",
-    "additionalProperties": False,
-    "properties": {
-        "matchLabels": STRING_MAP,
-        "matchExpressions": {"type": "array", "items": {
-            "type": "object", "additionalProperties": False, "required": ["key", "operator"],
-            "properties": {"key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
-                           "values": {"type": "array", "items": {"type": "string"}}},
-        }},
-    },
-}
+METADATA = metadata(253)
+RELABEL = strict({
+    "action": {"enum": ["replace", "Replace", "keep", "Keep", "drop", "Drop", "hashmod", "HashMod",
+                        "labelmap", "LabelMap", "labeldrop", "LabelDrop", "labelkeep", "LabelKeep",
+                        "lowercase", "Lowercase", "uppercase", "Uppercase", "keepequal", "KeepEqual",
+                        "dropequal", "DropEqual"]},
+    "modulus": {"type": "integer", "minimum": 1},
+    "regex": {"type": "string"},
+    "replacement": {"type": "string"},
+    "separator": {"type": "string"},
+    "sourceLabels": {"type": "array", "items": {"type": "string"}},
+    "targetLabel": {"type": "string"},
+})
+LABEL_SELECTOR = strict({
+    "matchLabels": STRING_MAP,
+    "matchExpressions": {"type": "array", "items": strict(
+        {"key": {"type": "string"}, "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+         "values": {"type": "array", "items": {"type": "string"}}},
+        ("key", "operator"),
+    )},
+})
 
 
 def _object(kind: str, spec: dict[str, Any]) -> dict[str, Any]:
-    return {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {
-            "apiVersion": {"const": "monitoring.coreos.com/v1"},
-            "kind": {"const": kind},
-            "metadata": METADATA,
-            "spec": spec,
-        },
-    }
+    return resource("monitoring.coreos.com/v1", kind, METADATA, spec)
 
 
-SERVICE_MONITOR = _object("ServiceMonitor", {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["selector", "endpoints"],
-    "properties": {
+SERVICE_MONITOR = _object("ServiceMonitor", strict(
+    {
         "selector": LABEL_SELECTOR,
-        "namespaceSelector": {"type": "object", "additionalProperties": False, "properties": {
-            "any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}},
+        "namespaceSelector": strict(
+            {"any": {"type": "boolean"}, "matchNames": {"type": "array", "items": {"type": "string"}}}
+        ),
         "jobLabel": {"type": "string"},
-        "endpoints": {"type": "array", "minItems": 1, "items": {
-            "type": "object",
-            "additionalProperties": False,
-            "properties": {
-                "port": {"type": "string"},
-                "targetPort": {"type": ["integer", "string"]},
-                "path": {"type": "string", "pattern": "^/"},
-                "scheme": {"enum": ["http", "https"]},
-                "interval": DURATION,
-                "scrapeTimeout": DURATION,
-                "honorLabels": {"type": "boolean"},
-                "relabelings": {"type": "array", "items": RELABEL},
-                "metricRelabelings": {"type": "array", "items": RELABEL},
-            },
-        }},
+        "endpoints": {"type": "array", "minItems": 1, "items": strict({
+            "port": {"type": "string"},
+            "targetPort": {"type": ["integer", "string"]},
+            "path": {"type": "string", "pattern": "^/"},
+            "scheme": {"enum": ["http", "https"]},
+            "interval": DURATION,
+            "scrapeTimeout": DURATION,
+            "honorLabels": {"type": "boolean"},
+            "relabelings": {"type": "array", "items": RELABEL},
+            "metricRelabelings": {"type": "array", "items": RELABEL},
+        })},
     },
-})
+    ("selector", "endpoints"),
+))
 
-PROMETHEUS_RULE = _object("PrometheusRule", {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["groups"],
-    "properties": {"groups": {"type": "array", "items": {
-        "type": "object",
-        "additionalProperties": False,
-        "required": ["name", "rules"],
-        "properties": {
+PROMETHEUS_RULE = _object("PrometheusRule", strict(
+    {"groups": {"type": "array", "items": strict(
+        {
             "name": {"type": "string", "minLength": 1},
             "interval": DURATION,
             "limit": {"type": "integer"},
-            "rules": {"type": "array", "items": {
-                "type": "object",
-                "additionalProperties": False,
-                "required": ["expr"],
-                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
-                "properties": {
+            "rules": {"type": "array", "items": strict(
+                {
                     "alert": {"type": "string"},
                     "record": {"type": "string"},
                     "expr": {"type": ["string", "integer"]},
@@ -121,10 +79,14 @@ PROMETHEUS_RULE = _object("PrometheusRule", {
                     "labels": STRING_MAP,
                     "annotations": STRING_MAP,
                 },
-            }},
+                ("expr",),
+                oneOf=[{"required": ["alert"]}, {"required": ["record"]}],
+            )},
         },
-    }}},
-})
+        ("name", "rules"),
+    )}},
+    ("groups",),
+))
 
 #: (apiVersion, kind) -> schema
 SCHEMAS: dict[tuple[str, str], dict[str, Any]] = {

@@ -14,37 +14,22 @@ from __future__ import annotations
 
 from typing import Any
 
-STRING_MAP = {"type": "object", "additionalProperties": {"type": "string"}}
+from tests.deploy.k8s_schema import STRING_MAP, metadata, resource, strict
+
 INT32 = {"type": "integer", "minimum": -(2**31), "maximum": 2**31 - 1}
 #: a PodTemplateSpec: checked separately (pod_templates) against the core API
 POD_TEMPLATE = {"type": "object"}
-METADATA = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["name"],
-    "properties": {
-        "name": {"type": "string", "pattern": r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$", "maxLength": 63},
-        "namespace": {"type": "string"},
-        "labels": STRING_MAP,
-        "annotations": STRING_MAP,
-    },
-}
-HEAD_GROUP = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["template"],
-    "properties": {
+HEAD_GROUP = strict(
+    {
         "enableIngress": {"type": "boolean"},
         "rayStartParams": STRING_MAP,
         "serviceType": {"type": "string"},
         "template": POD_TEMPLATE,
     },
-}
-WORKER_GROUP = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["groupName", "template"],
-    "properties": {
+    ("template",),
+)
+WORKER_GROUP = strict(
+    {
         "groupName": {"type": "string"},
         "replicas": {**INT32, "minimum": 0},
         "minReplicas": {**INT32, "minimum": 0},
@@ -55,12 +40,10 @@ WORKER_GROUP = {
         "rayStartParams": STRING_MAP,
         "template": POD_TEMPLATE,
     },
-}
-RAY_CLUSTER_SPEC = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["headGroupSpec"],
-    "properties": {
+    ("groupName", "template"),
+)
+RAY_CLUSTER_SPEC = strict(
+    {
         "rayVersion": {"type": "string"},
         "enableInTreeAutoscaling": {"type": "boolean"},
         "headServiceAnnotations": STRING_MAP,
@@ -68,41 +51,35 @@ RAY_CLUSTER_SPEC = {
         "headGroupSpec": HEAD_GROUP,
         "workerGroupSpecs": {"type": "array", "items": WORKER_GROUP},
     },
-}
-RAYJOB = {
-    "type": "object",
-    "additionalProperties": False,
-    "required": ["apiVersion", "kind", "metadata", "spec"],
-    "properties": {
-        "apiVersion": {"const": "ray.io/v1"},
-        "kind": {"const": "RayJob"},
-        "metadata": METADATA,
-        "spec": {
-            "type": "object",
-            "additionalProperties": False,
-            # what the manifest relies on: a command to run and a cluster made for the job
-            "required": ["entrypoint", "rayClusterSpec"],
-            "properties": {
-                "activeDeadlineSeconds": INT32,
-                "backoffLimit": {**INT32, "minimum": 0},
-                "clusterSelector": STRING_MAP,
-                "entrypoint": {"type": "string", "minLength": 1},
-                "entrypointNumCpus": {"type": "number"},
-                "entrypointNumGpus": {"type": "number"},
-                "entrypointResources": {"type": "string"},
-                "jobId": {"type": "string"},
-                "metadata": STRING_MAP,
-                "rayClusterSpec": RAY_CLUSTER_SPEC,
-                "runtimeEnvYAML": {"type": "string"},
-                "shutdownAfterJobFinishes": {"type": "boolean"},
-                "submissionMode": {"enum": ["K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"]},
-                "submitterPodTemplate": POD_TEMPLATE,
-                "suspend": {"type": "boolean"},
-                "ttlSecondsAfterFinished": {**INT32, "minimum": 0},
-            },
+    ("headGroupSpec",),
+)
+RAYJOB = resource(
+    "ray.io/v1",
+    "RayJob",
+    metadata(63),
+    strict(
+        {
+            "activeDeadlineSeconds": INT32,
+            "backoffLimit": {**INT32, "minimum": 0},
+            "clusterSelector": STRING_MAP,
+            "entrypoint": {"type": "string", "minLength": 1},
+            "entrypointNumCpus": {"type": "number"},
+            "entrypointNumGpus": {"type": "number"},
+            "entrypointResources": {"type": "string"},
+            "jobId": {"type": "string"},
+            "metadata": STRING_MAP,
+            "rayClusterSpec": RAY_CLUSTER_SPEC,
+            "runtimeEnvYAML": {"type": "string"},
+            "shutdownAfterJobFinishes": {"type": "boolean"},
+            "submissionMode": {"enum": ["K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode"]},
+            "submitterPodTemplate": POD_TEMPLATE,
+            "suspend": {"type": "boolean"},
+            "ttlSecondsAfterFinished": {**INT32, "minimum": 0},
         },
-    },
-}
+        # what the manifest relies on: a command to run and a cluster made for the job
+        ("entrypoint", "rayClusterSpec"),
+    ),
+)
 
 
 def pod_templates(doc: dict[str, Any]) -> dict[str, dict[str, Any]]:
