@@ -23,7 +23,11 @@ in *time*: with a ``latency_budget_ms``, a request is refused (429) when the que
 would take longer than the budget at the measured engine throughput (seconds per query over the
 recent batches), and ``Retry-After`` is the time that queue needs to drain at that rate; so what
 is admitted is answered in about the budget instead of waiting seconds behind work that cannot
-finish in any useful time.
+finish in any useful time. The time the request already waited counts too: since it reached the
+server (:data:`service.admission.ARRIVED`, its headers' time stamp less the event loop's lag). At
+dequeue, a request none of whose slices ran yet and that has waited longer than the budget is
+answered 429 instead of being run (Controlled Delay: a forecast that turned out wrong, a reload
+that slowed the engine, must not turn into admitted answers seconds late).
 
 Fairness: a request is queued as slices of at most ``max_batch`` queries, and the queue is
 round-robin over requests: after one slice of a large request is taken, the request goes to
@@ -52,6 +56,7 @@ from typing import Any
 
 import numpy as np
 
+from service.admission import ARRIVED, LoopLag
 from service.errors import ClientClosedError, NotReadyError, OverloadedError
 from service.metrics import Metrics
 from service.state import ServingState
@@ -63,6 +68,7 @@ _RECENT_SECONDS = 0.1  # arrivals older than this say nothing about the next one
 _RECENT_MAX = 64  # arrival times kept
 _RATE_BATCHES = 32  # recent batches the throughput is measured over
 _RATE_SECONDS = 5.0  # ... and no older than this
+_SIZES = 64  # recent request sizes (queries) the mean request is measured over
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
 
@@ -97,6 +103,9 @@ class Request:
     #: (stage, start ns, end ns, attributes) of its batches, wall clock, when traced (service.tracing)
     stages: list[tuple[str, int, int, dict[str, Any]]] | None = None
     queued_ns: int = 0
+    #: ``time.monotonic()`` when it reached the server (:data:`service.admission.ARRIVED`), if known
+    arrived: float | None = None
+    started: bool = False  # a slice was taken into a batch
 
     def deliver(self, job: Job, hits: list[QueryHits] | BaseException) -> None:
         """A slice's answer; the request's future resolves with the last one (or the first error)."""
@@ -252,7 +261,10 @@ class MicroBatcher:
         self._inflight_since = 0.0
         self._arrivals: deque[float] = deque(maxlen=_RECENT_MAX)
         self._batches: deque[tuple[float, int, float]] = deque(maxlen=_RATE_BATCHES)  # (end, nq, seconds)
+        self._sizes: deque[int] = deque(maxlen=_SIZES)
+        self.lag = LoopLag()  # the event loop's lag (service.admission), started with the batcher
         self.dropped = 0  # queries dropped because their client went away
+        self.shed = 0  # requests answered 429 at dequeue: they had waited past the budget
         metrics.queue_capacity.set(queue_size)
         metrics.queue_depth.set(0)
 
@@ -264,6 +276,7 @@ class MicroBatcher:
     async def start(self) -> None:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="esp-engine")
         self._task = asyncio.create_task(self._run(), name="esp-micro-batcher")
+        self.lag.start()
 
     def seconds_per_query(self, now: float | None = None) -> float | None:
         """Engine seconds per query over the recent batches (``None`` before any was measured)."""
@@ -271,6 +284,14 @@ class MicroBatcher:
         recent = [(n, dt) for end, n, dt in self._batches if now - end <= _RATE_SECONDS]
         queries = sum(n for n, _ in recent)
         return sum(dt for _, dt in recent) / queries if queries else None
+
+    def seconds_per_request(self, now: float | None = None) -> float | None:
+        """Engine seconds per request: :meth:`seconds_per_query` times the mean size of the recent
+        requests (``None`` before any was measured)."""
+        spq = self.seconds_per_query(now)
+        if spq is None or not self._sizes:
+            return None
+        return spq * sum(self._sizes) / len(self._sizes)
 
     def expected_wait(self, n: int, now: float | None = None) -> float:
         """Seconds until ``n`` more queries would be answered: the queue ahead of them, the rest
@@ -283,7 +304,7 @@ class MicroBatcher:
         left = max(0.0, inflight * spq - (now - self._inflight_since)) if inflight else 0.0
         return (self._depth + n) * spq + left
 
-    def _admit(self, n: int) -> None:
+    def _admit(self, n: int, arrived: float | None) -> None:
         if self._depth + n > self.queue_size:
             spq = self.seconds_per_query()
             raise OverloadedError(
@@ -293,13 +314,15 @@ class MicroBatcher:
             )
         if self.latency_budget is None or (self._depth == 0 and not self._inflight):
             return  # an idle engine takes the request at once, whatever it costs
-        wait = self.expected_wait(n)
-        if wait > self.latency_budget:
+        now = time.monotonic()
+        wait = self.expected_wait(n, now)
+        waited = now - arrived if arrived is not None else 0.0
+        if waited + wait > self.latency_budget:
             self.metrics.queue_depth.set(self._depth)
             raise OverloadedError(
                 f"overloaded: the {self._depth} queries ahead would take about {wait * 1000:.0f} ms at the "
-                f"measured throughput, over the latency budget of {self.latency_budget * 1000:.0f} ms "
-                "(setting ESP_LATENCY_BUDGET_MS); retry later",
+                f"measured throughput after {waited * 1000:.0f} ms waited, over the latency budget of "
+                f"{self.latency_budget * 1000:.0f} ms (setting ESP_LATENCY_BUDGET_MS); retry later",
                 retry_after=wait,
             )
 
@@ -312,6 +335,7 @@ class MicroBatcher:
         receive: Receive | None = None,
         *,
         stages: list[tuple[str, int, int, dict[str, Any]]] | None = None,
+        arrived: float | None = None,
     ) -> list[QueryHits]:
         """Queue the queries; return one :class:`QueryHits` per query, in order.
 
@@ -320,15 +344,22 @@ class MicroBatcher:
         batcher is stopping, and :class:`ClientClosedError` when ``receive`` (the request's
         ASGI receive) reports a disconnect while they wait. ``stages``: a list that receives the
         wall-clock times of queue wait, encode and engine of the batches that serve these
-        queries (:mod:`service.tracing`), or None.
+        queries (:mod:`service.tracing`), or None. ``arrived``: ``time.monotonic()`` when the
+        request reached the server (default :data:`service.admission.ARRIVED`, which the
+        admission middleware sets); its wait since counts against the budget.
         """
         if self._closed or self._task is None:
             raise NotReadyError("the service is shutting down")
         n = len(queries)
-        self._admit(n)
+        arrived = ARRIVED.get() if arrived is None else arrived
+        self._admit(n, arrived)
+        self._sizes.append(n)
         waits = bool(self._queue or self._inflight)
         loop = asyncio.get_running_loop()
-        req = Request(loop.create_future(), n, results=[None] * n, stages=stages, queued_ns=time.time_ns())
+        req = Request(
+            loop.create_future(), n, results=[None] * n, stages=stages, queued_ns=time.time_ns(),
+            arrived=arrived,
+        )
         step = self.max_batch
         for off in range(0, n, step):
             req.slices.append(Job(state, queries[off : off + step], block_weights, k, req, off))
@@ -388,20 +419,49 @@ class MicroBatcher:
     def _pop_slice(self) -> Job:
         """The next slice, round-robin: a request with slices left goes to the back."""
         req = self._queue.popleft()
+        req.started = True
         job = req.slices.popleft()
         if req.slices:
             self._queue.append(req)
         return job
 
+    def _shed_late(self) -> None:
+        """Answer 429 to the requests at the head of the queue that waited past the budget since
+        they arrived and have not started: run now, they could only be answered late."""
+        if self.latency_budget is None:
+            return
+        now = time.monotonic()
+        while self._queue:
+            req = self._queue[0]
+            if req.started or req.arrived is None or now - req.arrived <= self.latency_budget:
+                return
+            self._queue.popleft()
+            waiting = sum(j.size for j in req.slices)
+            req.slices.clear()
+            self._depth -= waiting
+            self.shed += 1
+            self.metrics.queue_depth.set(self._depth)
+            if not req.future.done():
+                spq = self.seconds_per_query(now)
+                req.future.set_exception(OverloadedError(
+                    f"overloaded: this request waited {(now - req.arrived) * 1000:.0f} ms before the engine "
+                    f"could take it, over the latency budget of {self.latency_budget * 1000:.0f} ms "
+                    "(setting ESP_LATENCY_BUDGET_MS); retry later",
+                    retry_after=self._depth * spq if spq else 1.0,
+                ))
+
     async def _take_batch(self) -> list[Job]:
+        self._shed_late()
         while not self._queue:
             await self._wait_for_job(None)
+            self._shed_late()
         batch = [self._pop_slice()]
         size = batch[0].size
         if self.gather:
             now = time.monotonic()
             deadline = now + (self.max_wait if self.worth_waiting(now) else 0.0)
             while size < self.max_batch:
+                self._shed_late()
                 if not self._queue:
                     remaining = deadline - time.monotonic()
                     if remaining <= 0 or not await self._wait_for_job(remaining):
@@ -449,6 +509,7 @@ class MicroBatcher:
     async def stop(self, drain_seconds: float = 10.0) -> None:
         """Refuse new work, let queued jobs finish (bounded), then stop the task and thread."""
         self._closed = True
+        self.lag.stop()
         deadline = time.monotonic() + drain_seconds
         while (self._queue or self._inflight) and time.monotonic() < deadline:
             await asyncio.sleep(0.01)

@@ -66,8 +66,15 @@ class Settings(BaseSettings):
     latency_budget_ms: float = Field(
         250.0,
         gt=0,
-        description="a search is refused (429, Retry-After) when the queue ahead of it would take longer "
-        "than this at the measured engine throughput",
+        description="the served latency objective: a search is refused (429, Retry-After) when the time it "
+        "already waited (the event loop's lag included) plus the queue ahead of it at the measured engine "
+        "throughput would exceed this; shed at dequeue when it waited this long before the engine took it",
+    )
+    max_inflight_searches: int | None = Field(
+        None,
+        ge=1,
+        description="searches in progress at once before 429 (default: the latency budget over the "
+        "engine's measured seconds per request, Little's law)",
     )
     max_cluster_tokens: int = Field(
         20_000, ge=1, description="whitespace-separated words over all keywords of one /v1/cluster request"

@@ -16,6 +16,7 @@ from typing import Any
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from service.admission import ARRIVED, inflight_limit
 from service.errors import ErrorKind, error_body
 from service.http_limits import RECEIVED
 from service.logs import REQUEST_ID, request_id_from
@@ -81,47 +82,95 @@ class MetricsMiddleware:
 
 
 class AdmissionMiddleware:
-    """Early 429 for ``POST /v1/search`` when its answer would come after the latency budget.
+    """Early 429 for ``POST /v1/search`` when its answer would come after the latency objective
+    (``ESP_LATENCY_BUDGET_MS``), or when too many searches are in progress.
 
     Before the body is read or parsed (the cheap way to refuse, so a saturated event loop sheds
-    load instead of parsing work it will refuse): the time the request already waited since its
-    headers were complete (the scope stamp of :mod:`service.http_limits`) plus the micro-batcher's
-    expected wait for one more query (:meth:`service.batching.MicroBatcher.expected_wait`).
-    ``Retry-After`` is the queue's drain time at the measured rate (at least 1 s).
+    load instead of parsing work it will refuse), a search is refused when
+
+    - the searches in progress (admitted here, not yet answered) reach the in-flight limit:
+      ``ESP_MAX_INFLIGHT_SEARCHES`` when set, else Little's law, the budget over the engine's
+      measured seconds per request (:func:`service.admission.inflight_limit`); or
+    - the event loop's lag (:class:`service.admission.LoopLag`: about how long its bytes waited
+      in the socket before the server read them), plus the time since its headers were complete
+      (the scope stamp of :mod:`service.http_limits`), plus the micro-batcher's expected wait for
+      one more query (:meth:`service.batching.MicroBatcher.expected_wait`) exceed the budget.
+
+    ``Retry-After`` is the queue's (or the in-flight searches') drain time at the measured rate,
+    at least 1 s. An admitted search runs with :data:`service.admission.ARRIVED` set to its
+    estimated arrival, so the micro-batcher can shed it at dequeue if it waits out the budget.
     """
 
     def __init__(self, app: ASGIApp, path: str = "/v1/search") -> None:
         self.app = app
         self.path = path
+        self.inflight = 0  # searches admitted here and not yet answered
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path:
-            refusal = self._refusal(scope)
-            if refusal is not None:
-                message, retry_after = refusal
-                await _send_json(
-                    send, 429, error_body(ErrorKind.OVERLOADED, message),
-                    headers=[(b"retry-after", str(max(1, math.ceil(retry_after))).encode())],
-                )
-                return
-        await self.app(scope, receive, send)
-
-    @staticmethod
-    def _refusal(scope: Scope) -> tuple[str, float] | None:
-        app = scope.get("app")
-        batcher = getattr(getattr(app, "state", None), "batcher", None)
-        budget = getattr(batcher, "latency_budget", None)
-        if batcher is None or budget is None:
-            return None
+        if not (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path):
+            await self.app(scope, receive, send)
+            return
+        batcher = getattr(getattr(scope.get("app"), "state", None), "batcher", None)
+        if batcher is None:
+            await self.app(scope, receive, send)
+            return
         now = time.monotonic()
         received = scope.get(RECEIVED)
-        waited = now - received if isinstance(received, float) else 0.0
+        lag = batcher.lag.lag(now) if hasattr(batcher, "lag") else 0.0
+        arrived = (received if isinstance(received, float) else now) - lag
+        refusal = self._refusal(scope, batcher, now, now - arrived)
+        if refusal is not None:
+            message, retry_after = refusal
+            await _send_json(
+                send, 429, error_body(ErrorKind.OVERLOADED, message),
+                headers=[(b"retry-after", str(max(1, math.ceil(retry_after))).encode())],
+            )
+            return
+        self.inflight += 1
+        token = ARRIVED.set(arrived)
+
+        lag = batcher.lag.lag if hasattr(batcher, "lag") else (lambda: 0.0)
+
+        async def timed_receive() -> Message:
+            """The time spent waiting for the client's body is the client's, not a wait for the
+            server: it moves the arrival on (a body sent with its headers costs nothing)."""
+            t0 = time.monotonic()
+            message = await receive()
+            if message["type"] == "http.request":
+                for_client = time.monotonic() - t0 - lag()  # what the loop's own lag does not explain
+                current = ARRIVED.get()
+                if for_client > 0 and current is not None:
+                    ARRIVED.set(current + for_client)
+            return message
+
+        try:
+            await self.app(scope, timed_receive, send)
+        finally:
+            ARRIVED.reset(token)
+            self.inflight -= 1
+
+    def _refusal(self, scope: Scope, batcher: Any, now: float, waited: float) -> tuple[str, float] | None:
+        budget = getattr(batcher, "latency_budget", None)
+        settings = getattr(scope["app"].state, "settings", None)
+        per_request = batcher.seconds_per_request(now) if hasattr(batcher, "seconds_per_request") else None
+        limit = inflight_limit(getattr(settings, "max_inflight_searches", None), budget, per_request)
+        if limit is not None and self.inflight >= limit:
+            how = (
+                "the limit ESP_MAX_INFLIGHT_SEARCHES" if getattr(settings, "max_inflight_searches", None)
+                else f"what the engine answers within the latency budget of {(budget or 0) * 1000:.0f} ms "
+                "(setting ESP_LATENCY_BUDGET_MS)"
+            )
+            message = f"overloaded: {self.inflight} searches are in progress, {how}; retry later"
+            return message, self.inflight * per_request if per_request else 1.0
+        if budget is None:
+            return None
         ahead = batcher.expected_wait(1, now)
         if waited + ahead <= budget:
             return None
         message = (
-            f"overloaded: this request waited {waited * 1000:.0f} ms for the server and the queries ahead "
-            f"would take about {ahead * 1000:.0f} ms, over the latency budget of {budget * 1000:.0f} ms "
+            f"overloaded: this request waited about {waited * 1000:.0f} ms for the server and the "
+            f"queries ahead would take about {ahead * 1000:.0f} ms, over the latency budget of "
+            f"{budget * 1000:.0f} ms "
             "(setting ESP_LATENCY_BUDGET_MS); retry later"
         )
         return message, max(ahead, waited)

@@ -4,9 +4,12 @@ of a client that went away (service.batching)."""
 from __future__ import annotations
 
 import asyncio
+import json
+import socket
 import time
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 import numpy as np
 import pytest
@@ -170,3 +173,182 @@ def test_the_app_admits_searches_by_wait_before_reading_them() -> None:
     stack = [m.cls for m in create_app(Settings()).user_middleware]
     assert AdmissionMiddleware in stack
     assert stack.index(AdmissionMiddleware) > stack.index(BodyLimitMiddleware)  # inside the body limit
+
+
+def test_a_queued_request_that_waited_out_the_budget_is_shed_at_dequeue_not_run(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+
+    async def run() -> None:
+        b = _batcher(Metrics(), max_wait_ms=0, queue_size=100, latency_budget_ms=20.0)
+        await b.start()
+        busy = await _hold(b, state)  # nothing measured yet: the next one is admitted (no forecast)
+        late = asyncio.create_task(b.submit(state, _vectors(2, 1), np.ones(2), 3, arrived=time.monotonic()))
+        await asyncio.sleep(0.01)
+        assert b.depth == 2
+        while time.monotonic() - late_arrival(b) <= 0.02:  # until it has waited out the 20 ms budget
+            await asyncio.sleep(0.005)
+        state.engine.gate.set()  # type: ignore[attr-defined]
+        with pytest.raises(OverloadedError) as err:
+            await late
+        assert "before the engine could take it" in err.value.message
+        assert error_headers(err.value)["Retry-After"] == "1"
+        await busy
+        assert b.depth == 0 and b.shed == 1
+        fresh = await b.submit(state, _vectors(1, 2), np.ones(2), 3, arrived=time.monotonic())  # idle: runs
+        assert len(fresh) == 1
+        await b.stop()
+
+    def late_arrival(b: Any) -> float:
+        (req,) = b._queue
+        return float(req.arrived)
+
+    asyncio.run(run())
+    assert state.engine.calls == [1, 1]  # type: ignore[attr-defined]  # the shed request never ran
+
+
+def test_the_wait_since_arrival_counts_against_the_budget_at_submit(tmp_path: Path) -> None:
+    state = _state(tmp_path)
+
+    async def run() -> None:
+        b = _batcher(Metrics(), queue_size=1000, max_wait_ms=0, latency_budget_ms=50.0)
+        await b.start()
+        now = time.monotonic()
+        b._batches.extend([(now, 10, 0.01), (now, 10, 0.01)])  # measured: 1 ms per query
+        busy = await _hold(b, state)
+        with pytest.raises(OverloadedError) as err:  # 2 ms of queue, but it arrived 60 ms ago
+            await b.submit(state, _vectors(1, 1), np.ones(2), 1, arrived=time.monotonic() - 0.06)
+        assert "ms waited" in err.value.message
+        ok = asyncio.create_task(b.submit(state, _vectors(1, 2), np.ones(2), 1, arrived=time.monotonic()))
+        state.engine.gate.set()  # type: ignore[attr-defined]
+        await asyncio.gather(busy, ok)
+        await b.stop()
+
+    asyncio.run(run())
+
+
+def test_the_loop_lag_is_how_late_the_loop_runs_a_callback_that_was_due() -> None:
+    from service.admission import LoopLag
+
+    async def run() -> tuple[float, float, float]:
+        lag = LoopLag(interval=0.005)
+        lag.start()
+        await asyncio.sleep(0.02)
+        idle = lag.lag()
+        time.sleep(0.1)  # the loop is blocked: the callback due 5 ms after the last one cannot run
+        blocked = lag.lag()
+        await asyncio.sleep(0)  # the overdue callback runs and records its lateness
+        await asyncio.sleep(0.001)
+        recorded = lag.last
+        lag.stop()
+        assert lag.lag() == 0.0  # stopped: no lag reported
+        return idle, blocked, recorded
+
+    idle, blocked, recorded = asyncio.run(run())
+    assert blocked >= 0.1 - 0.005 and recorded >= 0.1 - 0.005
+    assert idle < blocked
+
+
+def test_the_inflight_limit_is_the_setting_or_littles_law() -> None:
+    from service.admission import inflight_limit
+
+    assert inflight_limit(3, 0.25, 0.001) == 3  # the setting wins
+    assert inflight_limit(None, 0.25, 0.01) == 25  # 250 ms at 10 ms per request
+    assert inflight_limit(None, 0.25, 1.0) == 1  # at least one
+    assert inflight_limit(None, 0.25, None) is None  # nothing measured yet: no limit
+    assert inflight_limit(None, None, 0.01) is None  # no budget
+
+
+def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
+    from types import SimpleNamespace
+
+    from service.admission import LoopLag
+    from service.http_limits import RECEIVED
+    from service.middleware import AdmissionMiddleware
+
+    lag = LoopLag()
+    lag._due = time.monotonic() + 3600  # started, next callback not due: the lag is the last one
+
+    class Batcher:
+        latency_budget = 0.25
+
+        def __init__(self) -> None:
+            self.lag = lag
+
+        def expected_wait(self, n: int, now: float | None = None) -> float:
+            return 0.0
+
+        def seconds_per_request(self, now: float | None = None) -> float | None:
+            return None
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        from service.admission import ARRIVED
+
+        arrived.append(ARRIVED.get())
+
+    arrived: list[float | None] = []
+
+    async def run() -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {
+            "type": "http", "method": "POST", "path": "/v1/search", "headers": [],
+            "app": SimpleNamespace(state=SimpleNamespace(batcher=Batcher(), settings=None)),
+            RECEIVED: time.monotonic(),
+        }
+        await AdmissionMiddleware(app)(scope, receive=None, send=send)  # type: ignore[arg-type]
+        return sent
+
+    lag.last = 0.3  # its bytes waited about 300 ms in the socket before the loop read them
+    late = asyncio.run(run())
+    assert late[0]["status"] == 429 and b"waited about 300 ms" in late[1]["body"]
+    lag.last = 0.01
+    assert asyncio.run(run()) == []
+    assert arrived and arrived[0] is not None and arrived[0] < time.monotonic()  # the search knows it
+
+
+def _raw(server: Any) -> socket.socket:
+    url = urlparse(server.url)
+    return socket.create_connection((url.hostname, url.port), timeout=30)
+
+
+def _head_and_body(s: socket.socket) -> tuple[str, bytes]:
+    data = b""
+    while b"\r\n\r\n" not in data:
+        data += s.recv(65536)
+    head, _, rest = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    length = next(int(v) for k, _, v in (ln.partition(":") for ln in lines[1:]) if k.lower() == "content-length")
+    while len(rest) < length:
+        rest += s.recv(65536)
+    return head.decode("latin-1"), rest[:length]
+
+
+def test_past_the_inflight_limit_a_search_gets_429_with_retry_after_on_a_live_server(
+    tiny_bundle: Path, server_factory: Any
+) -> None:
+    # a budget no request here comes near: only the in-flight limit refuses
+    server = server_factory(tiny_bundle, max_inflight_searches=1, latency_budget_ms=600_000)
+    host = urlparse(server.url).netloc
+    body = json.dumps({"queries": [{"text": "what is a cat"}], "k": 3}).encode()
+    head = (
+        f"POST /v1/search HTTP/1.1\r\nHost: {host}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n"
+    ).encode()
+    with _raw(server) as slow, _raw(server) as other:
+        slow.sendall(head + b"Expect: 100-continue\r\n\r\n")  # admitted; its body comes later
+        assert slow.recv(65536).startswith(b"HTTP/1.1 100")  # the route is reading its body: in flight
+        other.sendall(head + b"\r\n" + body)
+        refused_head, refused = _head_and_body(other)
+        assert refused_head.startswith("HTTP/1.1 429")
+        assert "retry-after: " in refused_head.lower()
+        assert b"ESP_MAX_INFLIGHT_SEARCHES" in refused and json.loads(refused)["type"] == "overloaded"
+        slow.sendall(body)
+        answered_head, answered = _head_and_body(slow)
+        assert answered_head.startswith("HTTP/1.1 200"), answered
+        assert len(json.loads(answered)["results"]) == 1
+        other.sendall(head + b"\r\n" + body)  # the slow one is answered: room again
+        again_head, _ = _head_and_body(other)
+        assert again_head.startswith("HTTP/1.1 200")
