@@ -23,7 +23,6 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
 
 import torch
 
@@ -32,21 +31,16 @@ sys.path.insert(0, str(ROOT))
 
 
 def _trainer(model_name: str, batch: int, rank: int, world: int, trunk_dir: str | None):
-    from bench.train_step import _parts
+    from bench.train_step import _parts, objectives_for, tasks_for
     from training.config import TrainConfig
     from training.distributed import shard_task
     from training.features import FeatureStore
-    from training.losses import build_loss
-    from training.run import RunParts, Task, build_methods, build_model, default_trunk_path
+    from training.run import RunParts, build_methods, build_model, default_trunk_path
     from training.trainer import Trainer
 
     datas, classes = _parts(batch)
     path = trunk_dir if model_name == "tiny" else default_trunk_path()
-    objectives: list[dict[str, Any]] = [
-        {"name": "semantic", "dim": 256, "data": "semantic", "loss": "info_nce", "batch_size": batch},
-        {"name": "entity", "dim": 96, "data": "entity", "loss": "info_nce", "batch_size": batch},
-        {"name": "intent", "dim": 32, "data": "intent", "loss": "cross_entropy", "batch_size": batch},
-    ]
+    objectives = objectives_for(batch)
     cfg = TrainConfig(
         trunk={"path": path, "mode": "frozen", "max_length": 128, "features_cache": None},
         objectives=objectives,
@@ -57,33 +51,18 @@ def _trainer(model_name: str, batch: int, rank: int, world: int, trunk_dir: str 
     model = build_model(cfg, classes)
     texts = sorted({t for d in datas.values() for t in d.train.texts_used()})
     store = FeatureStore(texts, model.trunk.encode(texts), torch.device("cpu"))
-    tasks = [
-        Task(o["name"], datas[o["name"]], build_loss(o["loss"]), batch_size=batch, seed=k,
-             intent=o["name"] == "intent")
-        for k, o in enumerate(objectives)
-    ]
+    tasks = tasks_for(objectives, datas, batch)
     if world > 1:
         tasks = [shard_task(t, rank, world, cfg.seed) for t in tasks]
     return Trainer(RunParts(model, tasks, *build_methods(cfg, [t.name for t in tasks]), store=store), cfg,
                    progress=False)
 
 
-def _time_steps(tr, steps: int) -> list[float]:
-    opt, _ = tr.optimizer()
-    tr.model.train()
-    per = []
-    for s in range(steps + 2):
-        t0 = time.perf_counter()
-        tr.step(s, opt)
-        if s >= 2:  # two warm-up steps
-            per.append(time.perf_counter() - t0)
-    return per
-
-
 def worker(args: argparse.Namespace) -> None:
     """One torchrun rank: time the steps; rank 0 writes the result file."""
     import torch.distributed as dist
 
+    from bench.train_step import time_steps
     from training.distributed import GradientAllReduce, broadcast_state
 
     torch.set_num_threads(1)
@@ -103,7 +82,7 @@ def worker(args: argparse.Namespace) -> None:
 
     tr.sync = timed
     broadcast_state(tr)
-    per = _time_steps(tr, args.steps)
+    per = time_steps(tr, args.steps)
     if rank == 0:
         Path(args.worker_out).write_text(json.dumps({
             "step_s": statistics.median(per), "sync_s": statistics.median(sync_s[2:]),
@@ -125,6 +104,8 @@ def main() -> None:
     if args.worker_out:
         worker(args)
         return
+    from bench.train_step import time_steps
+
     torch.set_num_threads(1)
     with tempfile.TemporaryDirectory(prefix="bench-ddp-") as tmp:
         trunk_dir = None
@@ -134,7 +115,7 @@ def main() -> None:
 
             datas, _ = _parts(args.batch_size)
             trunk_dir = str(save_tiny_bert(Path(tmp) / "bert", datas["semantic"].train.positives[:500]))
-        single = statistics.median(_time_steps(_trainer(args.model, args.batch_size, 0, 1, trunk_dir),
+        single = statistics.median(time_steps(_trainer(args.model, args.batch_size, 0, 1, trunk_dir),
                                                args.steps))
         out = Path(tmp) / "ddp.json"
         cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node",

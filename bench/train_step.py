@@ -53,11 +53,44 @@ def _parts(batch: int, seed: int = 0):
     }, o.classes
 
 
+def objectives_for(batch: int) -> list[dict[str, Any]]:
+    """The three objectives both training benchmarks train, ``batch`` pairs or texts each."""
+    return [
+        {"name": "semantic", "dim": 256, "data": "semantic", "loss": "info_nce", "batch_size": batch},
+        {"name": "entity", "dim": 96, "data": "entity", "loss": "info_nce", "batch_size": batch},
+        {"name": "intent", "dim": 32, "data": "intent", "loss": "cross_entropy", "batch_size": batch},
+    ]
+
+
+def tasks_for(objectives: list[dict[str, Any]], datas: dict[str, Any], batch: int) -> list[Any]:
+    """One training task per objective over the data of :func:`_parts`."""
+    from training.losses import build_loss
+    from training.run import Task
+
+    return [
+        Task(o["name"], datas[o["name"]], build_loss(o["loss"]), batch_size=batch, seed=k,
+             intent=o["name"] == "intent")
+        for k, o in enumerate(objectives)
+    ]
+
+
+def time_steps(tr: Any, steps: int) -> list[float]:
+    """Seconds of each of ``steps`` optimiser steps of trainer ``tr``, after two warm-up steps."""
+    opt, _ = tr.optimizer()
+    tr.model.train()
+    per = []
+    for s in range(steps + 2):
+        t0 = time.perf_counter()
+        tr.step(s, opt)
+        if s >= 2:  # two warm-up steps
+            per.append(time.perf_counter() - t0)
+    return per
+
+
 def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
     from training.config import TrainConfig
     from training.features import FeatureStore
-    from training.losses import build_loss
-    from training.run import RunParts, Task, build_methods, build_model, default_trunk_path
+    from training.run import RunParts, build_methods, build_model, default_trunk_path
     from training.trainer import Trainer
 
     if threads:
@@ -71,11 +104,7 @@ def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
         path = str(save_tiny_bert(tmp, datas["semantic"].train.positives[:500]))
     else:
         path = default_trunk_path()
-    objectives: list[dict[str, Any]] = [
-        {"name": "semantic", "dim": 256, "data": "semantic", "loss": "info_nce", "batch_size": batch},
-        {"name": "entity", "dim": 96, "data": "entity", "loss": "info_nce", "batch_size": batch},
-        {"name": "intent", "dim": 32, "data": "intent", "loss": "cross_entropy", "batch_size": batch},
-    ]
+    objectives = objectives_for(batch)
     variants = {"sum+equal": ("sum", "equal"), "pcgrad+dwa": ("pcgrad", "dwa")}
     result: dict = {
         "bench": "train_step",
@@ -107,28 +136,10 @@ def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
                 }
             )
             model = copy.deepcopy(model0)
-            tasks = [
-                Task(
-                    o["name"],
-                    datas[o["name"]],
-                    build_loss(o["loss"]),
-                    batch_size=batch,
-                    seed=k,
-                    intent=o["name"] == "intent",
-                )
-                for k, o in enumerate(objectives)
-            ]
+            tasks = tasks_for(objectives, datas, batch)
             methods = build_methods(cfg, [t.name for t in tasks])
             tr = Trainer(RunParts(model, tasks, *methods, store=store), cfg, progress=False)
-            opt, _ = tr.optimizer()
-            model.train()
-            per = []
-            for s in range(steps + 2):
-                t0 = time.perf_counter()
-                tr.step(s, opt)
-                if s >= 2:  # two warm-up steps
-                    per.append(time.perf_counter() - t0)
-            times[label] = statistics.median(per)
+            times[label] = statistics.median(time_steps(tr, steps))
         result[mode] = {k: round(v, 5) for k, v in times.items()}
         result[f"ratio_{mode}"] = round(times["pcgrad+dwa"] / times["sum+equal"], 3)
     return result
