@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from subspace.engine.base import Backend, BackendUnavailable, EngineInputError, SearchResult
+from subspace.engine.base import Backend, BackendUnavailable, EngineInputError, SearchResult, exact_scores
 from subspace.scoring import subspace_scores
 
 Array = Any  # an array of the backend's module (numpy.ndarray, cupy.ndarray)
@@ -298,20 +298,8 @@ class ArrayScanBackend(Backend):
     def _rerank_d(self, scaled64: Array, rows: Array, k: int) -> tuple[Array, Array]:
         """Float64 scores of candidate ``rows`` ``(m, M)`` (``-1`` = none); exact top ``k``."""
         xp = self.xp
-        m, width = rows.shape
-        exact = xp.full((m, width), -xp.inf, dtype=xp.float64)
-        cols = max(1, min(width, self.rerank_elements // self.dim))
-        step = max(1, self.rerank_elements // (self.dim * cols))
-        for q0 in range(0, m, step):
-            q1 = min(m, q0 + step)
-            for c0 in range(0, width, cols):
-                c1 = min(width, c0 + cols)
-                r = rows[q0:q1, c0:c1]
-                valid = r >= 0
-                hits = self._master_dev[xp.where(valid, r, 0).reshape(-1)].astype(xp.float64)
-                hits = hits.reshape(q1 - q0, c1 - c0, self.dim)
-                s = xp.matmul(hits, scaled64[q0:q1, :, None])[..., 0]
-                exact[q0:q1, c0:c1] = xp.where(valid, s, -xp.inf)
+        master = self._master_dev
+        exact = exact_scores(xp, lambda i: master[i].astype(xp.float64), scaled64, rows, self.rerank_elements)
         # (score desc, row asc): order by row, then a stable sort by score
         by_row = xp.argsort(xp.where(rows >= 0, rows, self.num_docs), axis=1)
         rows = xp.take_along_axis(rows, by_row, axis=1)

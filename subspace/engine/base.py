@@ -24,6 +24,7 @@ import inspect
 import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
+from types import ModuleType
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
@@ -369,20 +370,9 @@ class Backend(ABC):
 
     def _rerank(self, scaled64: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         """Float64 scores of candidate ``rows`` ``(nq, m)`` (``-1`` = padding); exact top ``k``."""
-        nq, m = rows.shape
-        exact = np.full((nq, m), -np.inf)
-        cols = max(1, min(m, _RERANK_BLOCK // self.dim))
-        step = max(1, _RERANK_BLOCK // (self.dim * cols))
-        for q0 in range(0, nq, step):
-            q1 = min(nq, q0 + step)
-            for c0 in range(0, m, cols):
-                c1 = min(m, c0 + cols)
-                r = rows[q0:q1, c0:c1]
-                valid = r >= 0
-                hits = np.asarray(self.master[np.where(valid, r, 0).reshape(-1)], dtype=np.float64)
-                hits = hits.reshape(q1 - q0, c1 - c0, self.dim)
-                s = np.matmul(hits, scaled64[q0:q1, :, None])[..., 0]
-                exact[q0:q1, c0:c1] = np.where(valid, s, -np.inf)
+        exact = exact_scores(
+            np, lambda i: np.asarray(self.master[i], dtype=np.float64), scaled64, rows, _RERANK_BLOCK
+        )
         key_rows = np.where(rows >= 0, rows, np.iinfo(np.int64).max)
         order = np.lexsort((key_rows, -exact), axis=-1)[:, :k]
         return np.take_along_axis(rows, order, 1), np.take_along_axis(exact, order, 1).astype(np.float32)
@@ -410,6 +400,30 @@ class Backend(ABC):
         if not np.isfinite(w).all() or (w < 0).any():
             raise EngineInputError("block_weights must be finite and >= 0", "block_weights")
         return q, np.broadcast_to(w, (q.shape[0], K)), int(k)
+
+
+def exact_scores(
+    xp: ModuleType, gather: Callable[[Any], Any], scaled64: Any, rows: Any, elements: int
+) -> Any:
+    """Float64 scores ``<scaled64[i], master[rows[i, j]]>`` of candidate ``rows`` ``(nq, m)``
+    (``-1`` = none: ``-inf``), on the arrays of module ``xp`` (numpy, cupy). ``gather(idx)``
+    returns the master's rows ``idx`` in float64; it is asked for about ``elements`` values at
+    a time (tiles of queries x candidates), so the gathered block stays bounded."""
+    nq, m = rows.shape
+    dim = scaled64.shape[1]
+    exact = xp.full((nq, m), -xp.inf, dtype=xp.float64)
+    cols = max(1, min(m, elements // dim))
+    step = max(1, elements // (dim * cols))
+    for q0 in range(0, nq, step):
+        q1 = min(nq, q0 + step)
+        for c0 in range(0, m, cols):
+            c1 = min(m, c0 + cols)
+            r = rows[q0:q1, c0:c1]
+            valid = r >= 0
+            hits = gather(xp.where(valid, r, 0).reshape(-1)).reshape(q1 - q0, c1 - c0, dim)
+            s = xp.matmul(hits, scaled64[q0:q1, :, None])[..., 0]
+            exact[q0:q1, c0:c1] = xp.where(valid, s, -xp.inf)
+    return exact
 
 
 def _keep_allowed(
