@@ -72,27 +72,8 @@ def index_corpus(
                 bar.update(len(batch))
         if not ids:
             raise CorpusError(f"{corpus}: no documents with text to index")
-        emb = np.memmap(raw, dtype=np.float32, mode="r", shape=(len(ids), src.layout.dim))
-        if dtype == "float16":
-            emb = normalize_blocks(np.asarray(emb), src.layout).astype(np.float16)
-
-        def docs() -> Iterator[dict[str, Any]]:
-            with docs_path.open(encoding="utf-8") as fh:
-                for line in fh:
-                    yield json.loads(line)
-
-        keep = {k: v for k, v in src.manifest.items() if k in ("encoder", "training", "operating_points")}
-        keep["index"] = {"source_bundle": src.version, "corpus": Path(corpus).name, **counts}
-        path = write_bundle(
-            out,
-            src.layout,
-            emb,
-            ids,
-            docs=docs(),
-            encoder_dir=src.encoder_dir,
-            sections=keep,
-            overwrite=overwrite,
-        )
+        index = {"source_bundle": src.version, "corpus": Path(corpus).name, **counts}
+        path = write_spilled(src, out, raw, docs_path, ids, index=index, dtype=dtype, overwrite=overwrite)
     log_counts(counts, enc.max_length)
     return {"bundle": str(path), **counts}
 
@@ -115,6 +96,38 @@ def open_source(
     if enc.layout != src.layout:
         raise CorpusError(f"{src_bundle}: the encoder's layout differs from the bundle's")
     return src, enc
+
+
+def write_spilled(
+    src: Bundle,
+    out: str | Path,
+    raw: Path,
+    docs_path: Path,
+    ids: list[str],
+    *,
+    index: dict[str, Any],
+    dtype: str,
+    overwrite: bool,
+) -> Path:
+    """Write the bundle of the spilled rows (``raw``: float32 rows, ``docs_path``: one JSON
+    document a line, both in ``ids`` order) with ``src``'s encoder, layout and operating
+    points, and ``index`` as the manifest's ``index`` section (``dtype="float16"``: the rows
+    block-normalised, then cast)."""
+    emb: np.ndarray = np.memmap(raw, dtype=np.float32, mode="r", shape=(len(ids), src.layout.dim))
+    if dtype == "float16":
+        emb = normalize_blocks(np.asarray(emb), src.layout).astype(np.float16)
+
+    def docs() -> Iterator[dict[str, Any]]:
+        with docs_path.open(encoding="utf-8") as fh:
+            for line in fh:
+                yield json.loads(line)
+
+    keep = {k: v for k, v in src.manifest.items() if k in ("encoder", "training", "operating_points")}
+    keep["index"] = index
+    return write_bundle(
+        out, src.layout, emb, ids, docs=docs(), encoder_dir=src.encoder_dir, sections=keep,
+        overwrite=overwrite,
+    )
 
 
 def log_counts(counts: Mapping[str, int], max_length: int) -> None:

@@ -40,11 +40,10 @@ from typing import Any
 import numpy as np
 
 from subspace.atomic import atomic_write_bytes, atomic_write_text
-from subspace.bundle import sha256_file, write_bundle
-from subspace.scoring import normalize_blocks
+from subspace.bundle import sha256_file
 from training.data.corpus import JSONL_SUFFIXES, TSV_SUFFIXES, CorpusError, Doc, parse_lines, record_doc
 from training.display_text import repair_display
-from training.indexing import log_counts, open_source
+from training.indexing import log_counts, open_source, write_spilled
 
 log = logging.getLogger(__name__)
 
@@ -494,24 +493,12 @@ def _assemble(
                     for d in meta["docs"]:
                         docs_fh.write(json.dumps(d, ensure_ascii=False) + "\n")
                     truncated += p["truncated"]
-        emb: np.ndarray = np.memmap(raw, dtype=np.float32, mode="r", shape=(len(ids), src.layout.dim))
-        if dtype == "float16":
-            emb = normalize_blocks(np.asarray(emb), src.layout).astype(np.float16)
-
-        def docs() -> Iterator[dict[str, Any]]:
-            with docs_path.open(encoding="utf-8") as fh:
-                for line in fh:
-                    yield json.loads(line)
-
         counts = {
             "documents": len(ids),
             "skipped_empty": sum(p["skipped_empty"] for p in plans.values()),
             "truncated": truncated,
         }
-        keep = {k: v for k, v in src.manifest.items() if k in ("encoder", "training", "operating_points")}
-        keep["index"] = {"source_bundle": src.version, "corpus": corpus.rstrip("/").rsplit("/", 1)[-1],
-                         "engine": "ray", "shards": len(sizes), **counts}
-        path = write_bundle(out, src.layout, emb, ids, docs=docs(), encoder_dir=src.encoder_dir,
-                            sections=keep, overwrite=overwrite)
-        del emb
+        index = {"source_bundle": src.version, "corpus": corpus.rstrip("/").rsplit("/", 1)[-1],
+                 "engine": "ray", "shards": len(sizes), **counts}
+        path = write_spilled(src, out, raw, docs_path, ids, index=index, dtype=dtype, overwrite=overwrite)
     return {"bundle": str(path), **counts, "shards": len(sizes)}
