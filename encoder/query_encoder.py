@@ -1,13 +1,14 @@
 """The query encoder that travels inside a bundle's ``encoder/`` folder.
 
 Loadable with torch + transformers + safetensors only (never ``training/``): training writes
-this folder, the service reads it. On-disk format (``format: esp-query-encoder``, version 1)::
+this folder, the service reads it. On-disk format (``format: esp-query-encoder``, versions 1-3)::
 
     encoder/
       esp_encoder.json     format, format_version, architecture ("esp" | "single_head"),
                            pooling ("mean"), max_length, hidden_size,
                            adapter: null | {kind: "residual_bottleneck", in, hidden, activation: "gelu"},
-                           heads: [{name, kind ("linear" | "lexical"), in, out}] in layout order,
+                           heads: [{name, kind ("linear" | "lexical"), in, out,
+                                    normalize_input (v3: the head reads x / |x|)}] in layout order,
                            lexical: null | subspace.lexical.HashedNgrams spec (v2),
                            layout: the SubspaceLayout dict (must equal the bundle's),
                            intent: null | {objective, block, classes: [...], scale},
@@ -19,7 +20,8 @@ this folder, the service reads it. On-disk format (``format: esp-query-encoder``
 
 Maths (mirrors ``training/model.py``): tokens -> transformer -> mean pooling over the
 attention mask ``(n, H)`` -> ``x + up(gelu(down(x)))`` when there is an adapter -> one linear
-head per block (a lexical head instead scales the text's hashed n-gram counts, computed by
+head per block, on ``x / |x|`` where the head says ``normalize_input`` (a lexical head instead
+scales the text's hashed n-gram counts, computed by
 :mod:`subspace.lexical` exactly as at training, by its per-bucket weights) -> each block
 L2-normalised -> concatenated ``(n, D)`` (single_head: the heads' normalised outputs concatenated
 and normalised again, one block). Intent probabilities
@@ -38,7 +40,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
@@ -82,6 +84,16 @@ def resolve_device(requested: str = "auto") -> str:
     return name
 
 
+class _Head(NamedTuple):
+    """One block's head as read from the folder (``bias`` is ``None`` for a lexical head)."""
+
+    name: str
+    kind: str
+    weight: torch.Tensor
+    bias: torch.Tensor | None
+    normalize_input: bool
+
+
 class QueryEncoder:
     """Texts -> block-normalised ``(n, D)`` float32 embeddings (and intent probabilities)."""
 
@@ -105,8 +117,8 @@ class QueryEncoder:
             raise EncoderError(f"{CONFIG_FILE}: layout is invalid: {exc}") from exc
         self.max_length = int(config["max_length"])
         self._heads = [
-            (h["name"], h.get("kind", "linear"), tensors[f"heads.{h['name']}.weight"],
-             tensors.get(f"heads.{h['name']}.bias"))
+            _Head(h["name"], h.get("kind", "linear"), tensors[f"heads.{h['name']}.weight"],
+                  tensors.get(f"heads.{h['name']}.bias"), bool(h.get("normalize_input", False)))
             for h in config["heads"]
         ]
         self._lexical: HashedNgrams | None = None
@@ -115,14 +127,14 @@ class QueryEncoder:
                 self._lexical = HashedNgrams.from_dict(config["lexical"])
             except (KeyError, TypeError, ValueError) as exc:
                 raise EncoderError(f"{CONFIG_FILE}: lexical is invalid: {exc}", field="lexical") from exc
-        kinds = {k for _, k, _, _ in self._heads}
+        kinds = {h.kind for h in self._heads}
         if not kinds <= {"linear", "lexical"} or ("lexical" in kinds and self._lexical is None):
             raise EncoderError(f"{CONFIG_FILE}: head kinds {sorted(kinds)} need 'linear' or 'lexical' "
                                "(and a lexical section for 'lexical')")
         self._concat = config.get("normalize", "per_block") == "per_head_then_concat"
-        names = [n for n, _, _, _ in self._heads]
+        names = [h.name for h in self._heads]
         if self._concat:
-            total = sum(w.shape[0] for _, _, w, _ in self._heads)
+            total = sum(h.weight.shape[0] for h in self._heads)
             if len(self.layout) != 1 or self.layout.dim != total:
                 raise EncoderError(f"{CONFIG_FILE}: heads of {total} dims do not make the one block "
                                    f"of layout {list(self.layout.names)} ({self.layout.dim} dims)")
@@ -131,7 +143,7 @@ class QueryEncoder:
                 raise EncoderError(
                     f"{CONFIG_FILE}: heads {names} do not match layout {list(self.layout.names)}"
                 )
-            for name, _, w, _ in self._heads:
+            for name, _, w, _, _ in self._heads:
                 if w.shape[0] != self.layout[name].dim:
                     raise EncoderError(
                         f"{HEADS_FILE}: heads.{name}.weight has {w.shape[0]} rows, "
@@ -227,12 +239,13 @@ class QueryEncoder:
         if self._lexical is not None:
             lex = torch.from_numpy(self._lexical.counts(texts)).to(x.device, x.dtype)
         out = {}
-        for name, kind, w, b in self._heads:
-            y = lex * w if kind == "lexical" and lex is not None else F.linear(x, w, b)
+        for name, kind, w, b, unit_input in self._heads:
+            xin = F.normalize(x, dim=-1) if unit_input else x
+            y = lex * w if kind == "lexical" and lex is not None else F.linear(xin, w, b)
             out[name] = F.normalize(y, dim=-1)
         if self._concat:
             (block,) = self.layout.names
-            return {block: F.normalize(torch.cat([out[n] for n, _, _, _ in self._heads], -1), dim=-1)}
+            return {block: F.normalize(torch.cat([out[h.name] for h in self._heads], -1), dim=-1)}
         return out
 
     @torch.inference_mode()

@@ -11,6 +11,7 @@ CONFIG_FILE = "esp_encoder.json"  # format, architecture, pooling, heads, layout
 HEADS_FILE = "heads.safetensors"  # adapter + per-block heads + intent prototypes
 TRANSFORMER_DIR = "transformer"  # the trunk: config.json + model.safetensors + tokenizer files
 FORMAT = "esp-query-encoder"
-FORMAT_VERSION = 2
-#: versions this build reads: 1 has only linear heads, one per block
-READABLE_VERSIONS = (1, 2)
+FORMAT_VERSION = 3
+#: versions this build reads: 1 has only linear heads, one per block; 2 adds lexical heads;
+#: 3 adds a head's ``normalize_input``
+READABLE_VERSIONS = (1, 2, 3)

@@ -28,12 +28,18 @@ class HeadConfig(_Strict):
     kind: Literal["linear", "lexical"] = Field(
         default="linear", description="linear: reads the adapter; lexical: hashed word n-grams, dim = buckets"
     )
-    init: Literal["orthogonal", "identity"] = Field(
-        default="orthogonal", description="linear heads: identity (dim = trunk width) starts at the trunk"
+    init: Literal["orthogonal", "identity", "pca"] = Field(
+        default="orthogonal",
+        description="linear heads: identity (dim = trunk width) starts at the trunk; pca at the top-dim "
+        "principal directions of the objective's training texts (intent: prototypes at the class means)",
     )
     ngram_max: int = Field(default=2, ge=1, le=3, description="lexical heads: word n-grams 1..ngram_max")
     stop_words: Literal["english"] | None = Field(default="english", description="lexical heads")
     trainable: bool = Field(default=True, description="false: the head keeps its initialisation")
+    normalize_input: bool = Field(
+        default=False,
+        description="linear heads: read the L2-normalised pooled vector (the trunk's sentence embedding)",
+    )
 
 
 class ObjectiveConfig(_Strict):

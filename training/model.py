@@ -168,28 +168,39 @@ class Adapter(nn.Module):
 
 @dataclass(frozen=True)
 class HeadSpec:
-    """How one objective's block is computed: ``linear`` (``init``: orthogonal | identity) or
+    """How one objective's block is computed: ``linear`` (``init``: orthogonal | identity | pca) or
     ``lexical`` (hashed n-grams, :class:`subspace.lexical.HashedNgrams` with ``n_features = dim``);
-    ``trainable: false`` keeps the initialisation (a frozen identity head is the trunk itself)."""
+    ``trainable: false`` keeps the initialisation (a frozen identity head is the trunk itself).
+
+    ``pca`` starts a linear head at the top ``dim`` principal directions of its objective's
+    training inputs (:meth:`ESPModel.init_pca`, called by ``training.run.build_run``; orthogonal
+    until then). ``normalize_input`` feeds the head the L2-normalised pooled vector, which is
+    the sentence embedding all-MiniLM-L6-v2 ships (its last module normalises), not the raw mean.
+    """
 
     kind: str = "linear"
     init: str = "orthogonal"
     ngram_max: int = 2
     stop_words: str | None = "english"
     trainable: bool = True
+    normalize_input: bool = False
 
     def __post_init__(self) -> None:
         if self.kind not in HEAD_KINDS:
             raise ValueError(f"head kind {self.kind!r} is invalid; allowed: {sorted(HEAD_KINDS)}")
-        if self.init not in ("orthogonal", "identity"):
-            raise ValueError(f"head init {self.init!r} is invalid; allowed: 'orthogonal', 'identity'")
+        if self.init not in HEAD_INITS:
+            raise ValueError(f"head init {self.init!r} is invalid; allowed: {list(HEAD_INITS)}")
 
 
 class LinearHead(nn.Module):
-    """``(n, H) adapter output -> (n, d)``; orthogonal or identity initialisation, zero bias."""
+    """``(n, H) adapter output -> (n, d)``; orthogonal or identity initialisation, zero bias
+    (``pca``: orthogonal until :meth:`init_pca`). ``normalize_input``: reads ``x / |x|``."""
 
-    def __init__(self, h: int, d: int, init: str, gen: torch.Generator) -> None:
+    def __init__(
+        self, h: int, d: int, init: str, gen: torch.Generator, normalize_input: bool = False
+    ) -> None:
         super().__init__()
+        self.normalize_input = normalize_input
         self.linear = nn.Linear(h, d)
         nn.init.zeros_(self.linear.bias)
         if init == "identity":
@@ -204,8 +215,24 @@ class LinearHead(nn.Module):
     def out_features(self) -> int:
         return self.linear.out_features
 
+    def inputs(self, adapted: torch.Tensor) -> torch.Tensor:
+        return F.normalize(adapted, dim=-1) if self.normalize_input else adapted
+
+    @torch.no_grad()
+    def init_pca(self, adapted: torch.Tensor) -> None:
+        """Rows = the top ``d`` principal directions of ``inputs(adapted)`` ``(n, H)``, bias centres
+        them: the head starts as the trunk's own most varied ``d``-dim view of the objective's data."""
+        x = self.inputs(adapted).float()
+        d = self.linear.out_features
+        if len(x) < d:
+            raise ValueError(f"head init 'pca' needs at least dim = {d} training texts, got {len(x)}")
+        mu = x.mean(0)
+        vt = torch.linalg.svd(x - mu, full_matrices=False).Vh[:d]
+        self.linear.weight.copy_(vt)
+        self.linear.bias.copy_(-(vt @ mu))
+
     def forward(self, adapted: torch.Tensor, lexical: torch.Tensor | None) -> torch.Tensor:
-        return self.linear(adapted)
+        return self.linear(self.inputs(adapted))
 
 
 class LexicalHead(nn.Module):
@@ -232,6 +259,7 @@ class LexicalHead(nn.Module):
 
 
 HEAD_KINDS = ("linear", "lexical")
+HEAD_INITS = ("orthogonal", "identity", "pca")
 _MEMO_MIN = 1000  # texts: smaller lists are featurised directly
 
 
@@ -279,7 +307,7 @@ class ESPModel(nn.Module):
         for n, d in objective_dims.items():
             lex = specs[n].kind == "lexical"
             heads[n] = (LexicalHead(self.lexical) if lex and self.lexical
-                        else LinearHead(h, d, specs[n].init, gen))
+                        else LinearHead(h, d, specs[n].init, gen, specs[n].normalize_input))
         for n, head in heads.items():
             head.requires_grad_(specs[n].trainable)
         self.heads = nn.ModuleDict(heads)
@@ -349,6 +377,27 @@ class ESPModel(nn.Module):
         for head in self.heads.values():
             if isinstance(head, LexicalHead) and counts is not None and len(counts):
                 head.init_idf(idf(counts))
+
+    @torch.no_grad()
+    def init_pca(self, objective: str, features: torch.Tensor, labels: Sequence[int] | None = None) -> None:
+        """Start ``objective``'s linear head at the principal directions of its training texts'
+        features ``(n, feature_dim)`` (:meth:`LinearHead.init_pca`); with ``labels`` and the intent
+        objective, start the prototypes at the normalised class means of the vectors its loss
+        reads, so the untrained classifier is a nearest-centroid one (a class without rows keeps
+        its random prototype)."""
+        head = self.heads[objective]
+        if not isinstance(head, LinearHead):
+            kind = self.head_specs[objective].kind
+            raise ValueError(f"head init 'pca' needs a linear head; {objective!r} is {kind}")
+        x = features[:, : self.trunk.hidden_size]
+        head.init_pca(self.adapter(x) if self.adapter is not None else x)
+        if labels is None or objective != self.intent_objective or self.prototypes is None:
+            return
+        z = self.objective_vector(features, objective)
+        y = torch.as_tensor(list(labels), device=z.device)
+        for c in range(self.prototypes.shape[0]):
+            if bool((y == c).any()):
+                self.prototypes[c] = F.normalize(z[y == c].mean(0), dim=-1)
 
     def pooled(self, texts: Sequence[str]) -> torch.Tensor:
         x = self.trunk(texts)
@@ -468,7 +517,8 @@ class ESPModel(nn.Module):
                 }
             ),
             "heads": [
-                {"name": n, "kind": self.head_specs[n].kind, "in": h, "out": head.out_features}
+                {"name": n, "kind": self.head_specs[n].kind, "in": h, "out": head.out_features,
+                 "normalize_input": self.head_specs[n].normalize_input}
                 for n, head in self.heads.items()
             ],
             "lexical": self.lexical.to_dict() if self.lexical is not None else None,

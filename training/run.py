@@ -168,6 +168,18 @@ def feature_store(
     return FeatureStore([*corpus_texts, *rest], np.concatenate(parts), torch.device(config.device))
 
 
+def init_heads_from_data(model: ESPModel, tasks: list[Task], store: FeatureStore | None) -> None:
+    """Heads with ``init: pca`` start at the principal directions of their objective's training
+    texts (the intent prototypes at its class means), read from ``store`` or the trunk."""
+    for t in tasks:
+        if model.head_specs[t.name].init != "pca":
+            continue
+        texts, labels = t.data.train.init_rows()
+        with torch.no_grad():
+            feats = store(texts) if store is not None else model.pooled(texts)
+        model.init_pca(t.name, feats, labels if t.intent else None)
+
+
 def data_hashes(corpus_ids: list[str], corpus_texts: list[str], tasks: list[Task]) -> dict[str, str]:
     """Short digests of the corpus and of each task's training rows (the bundle records them)."""
     rows = [f"{i}\t{t}" for i, t in zip(corpus_ids, corpus_texts, strict=True)]
@@ -211,6 +223,7 @@ def build_run(
         else None
     )
     timings["features_s"] = time.perf_counter() - t1
+    init_heads_from_data(model, tasks, store)
     return RunParts(
         model, tasks, weighting, surgery, corpus_ids, corpus_texts, store,
         data_hashes(corpus_ids, corpus_texts, tasks), timings,

@@ -73,3 +73,28 @@ def test_top_mode_trains_only_the_top_layer(tiny_data_dir: Path, tiny_bert_dir: 
     assert all(torch.equal(a, b) for a, b in zip(before[:n0], after[:n0], strict=True))
     assert any(not torch.equal(a, b) for a, b in zip(before[n0:], after[n0:], strict=True))
     assert all(v["grad_norm"] > 0 for v in rec["tasks"].values())
+
+
+@pytest.mark.parametrize("mode", ["frozen", "top:1"])
+def test_build_run_starts_pca_heads_from_the_objective_training_texts(
+    tiny_data_dir: Path, tiny_bert_dir: Path, mode: str
+) -> None:
+    from training.run import build_run
+
+    cfg = tiny_train_config(tiny_data_dir, tiny_bert_dir, adapter_hidden=None)
+    objectives = [o.model_dump() for o in cfg.objectives]
+    objectives[2]["head"] = {"init": "pca", "normalize_input": True}
+    cfg = tiny_train_config(
+        tiny_data_dir, tiny_bert_dir, adapter_hidden=None, objectives=objectives,
+        trunk={"path": str(tiny_bert_dir), "mode": mode, "max_length": 48, "features_cache": None},
+    )
+    parts = build_run(cfg)
+    model, intent = parts.model, next(t for t in parts.tasks if t.intent)
+    texts, labels = intent.data.train.init_rows()
+    assert labels is not None
+    with torch.no_grad():
+        z = model.objective_vector(model.pooled(texts), "intent")
+        # every prototype is its class mean: the untrained classifier is nearest-centroid
+        for c in set(labels):
+            mean = z[torch.tensor(labels) == c].mean(0)
+            torch.testing.assert_close(model.prototypes[c], mean / mean.norm(), atol=1e-5, rtol=0)

@@ -85,6 +85,11 @@ class TrainSet:
         """One line per training row, hashed into the bundle's ``data_hashes``."""
         raise NotImplementedError  # pragma: no cover
 
+    def init_rows(self) -> tuple[list[str], list[int] | None]:
+        """The texts a data-driven head initialisation reads, with class labels for a
+        classification set (``None`` otherwise)."""
+        return sorted(self.texts_used()), None
+
     def class_names(self) -> list[str] | None:
         """The classes of a classification set; ``None`` for other kinds."""
         return None
@@ -161,6 +166,9 @@ class ClassSet(TrainSet):
 
     def digest_rows(self) -> list[str]:
         return [f"{x}\t{y}" for x, y in zip(self.texts, self.labels, strict=True)]
+
+    def init_rows(self) -> tuple[list[str], list[int] | None]:
+        return list(self.texts), list(self.labels)
 
     def class_names(self) -> list[str] | None:
         return self.classes
