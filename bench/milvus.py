@@ -11,12 +11,23 @@ On clustered, block-normalised vectors (3 subspaces) and a grid of weight vector
   same collection re-indexed, candidates re-ranked exactly;
 * ``numpy``: the in-process backend (the anchor; ratios are against it).
 
-Recall@10 is ``|top10 ∩ exact top10| / 10`` per query, averaged per weight vector. Milvus Lite
-runs in a local server process on this machine; a Milvus cluster spreads the same work over its
-query nodes. ``--sizes 100000 1000000``: the 1M run writes 2 x 1M rows into Milvus Lite (slow on
-a small shared CPU); it is opt-in.
+Recall@10 is ``|top10 ∩ exact top10| / 10`` per query, averaged per weight vector (the JSON
+gives each vector's, the worst and the mean). Milvus Lite runs in a local server process on this
+machine; a Milvus cluster spreads the same work over its query nodes. ``--sizes 100000 1000000``:
+the 1M run writes 2 x 1M rows into Milvus Lite (slow on a small shared CPU); it is opt-in.
 
-Example:  python bench/milvus.py --sizes 100000 --queries 20
+Milvus Lite ignores ``nprobe`` and builds no HNSW, so approximate recall means something only
+against a server (``--uri``). On a server the bench waits for each index build (a server builds
+it in the background) and sweeps ``--nprobe`` (IVF_FLAT), ``--ef`` (HNSW) and ``--candidates``
+(the pool re-ranked exactly). A server without a cluster, on this machine: the optional PyPI
+package ``milvus`` (Milvus standalone with embedded etcd and local storage, about 57 MB; not in
+requirements.txt), in a virtual environment of its own, started with
+``milvus-server --data DIR`` (listens on 19530; stop it with Ctrl+C). Its 2.3 server has no
+``hybrid_search`` (2.4+): pass ``--skip hybrid`` there.
+
+Examples:  python bench/milvus.py --sizes 100000 --queries 20
+           python bench/milvus.py --uri http://127.0.0.1:19530 --skip hybrid --nlist 1024
+               --nprobe 8 16 32 64 128 --ef 64 128 256 512 --candidates 10 100 250 500 (one line)
 """
 
 from __future__ import annotations
@@ -25,6 +36,8 @@ import argparse
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,11 +62,19 @@ WEIGHT_GRID: list[tuple[float, float, float]] = [
 
 
 def clustered(
-    n: int, layout: SubspaceLayout, seed: int, centers: int = 512, chunk: int = 50_000
+    n: int,
+    layout: SubspaceLayout,
+    seed: int,
+    *,
+    centers: int = 512,
+    chunk: int = 50_000,
+    center_seed: int | None = None,
 ) -> np.ndarray:
     """Rows whose blocks each sit near one of ``centers`` directions (chosen per block, so the
-    combinations vary), block-normalised: structure like real embeddings, unlike Gaussian noise."""
-    rng = np.random.default_rng(seed)
+    combinations vary), block-normalised: structure like real embeddings, unlike Gaussian noise.
+    The directions come from ``center_seed`` (default ``seed``): rows of another seed with the
+    same ``center_seed`` are new rows of the same distribution."""
+    rng = np.random.default_rng(seed if center_seed is None else center_seed)
     cents = []
     for o in layout:
         c = rng.standard_normal((centers, o.dim)).astype(np.float32)
@@ -141,7 +162,9 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     layout = SubspaceLayout.from_dims(dict(zip(("semantic", "entity", "intent"), args.dims, strict=True)))
     progress(f"n={n}: data (D={layout.dim})")
     corpus = clustered(n, layout, seed=1)
-    queries = clustered(args.queries, layout, seed=2)
+    # "fresh": queries around directions of their own (no document cluster near them: the hard,
+    # out-of-distribution case); "corpus": new rows around the corpus's directions (in distribution)
+    queries = clustered(args.queries, layout, seed=2, center_seed=1 if args.query_centers == "corpus" else 2)
     k = 10
     numpy_engine = NumpyBackend(corpus, layout)
     exact: dict[tuple[float, ...], np.ndarray] = {}
@@ -162,10 +185,14 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         methods[name] = {
             "recall_at_10": per_w,
             "recall_min": min(per_w.values()),
+            "recall_mean": round(float(np.mean(list(per_w.values()))), 4),
             "ms_per_query": round(float(np.mean(ms)), 3),
         }
         m = methods[name]
-        progress(f"n={n} {name}: recall min {m['recall_min']}, {m['ms_per_query']} ms/query")
+        progress(
+            f"n={n} {name}: recall min {m['recall_min']} mean {m['recall_mean']}, "
+            f"{m['ms_per_query']} ms/query"
+        )
 
     for w in WEIGHT_GRID:
         exact[w] = numpy_engine.search(
@@ -173,11 +200,22 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
         ).rows  # exact float64 top k (engine contract)
     measure("numpy", lambda q, w, kk: numpy_engine.search(q, w, kk).rows)
 
-    uri = str(workdir / f"bench-{n}.db")
-    settings = MilvusSettings(uri=uri, collection=f"esp_{n}", index="FLAT", timeout=600)
+    uri = args.uri or str(workdir / f"bench-{n}.db")
+    settings = MilvusSettings(
+        uri=uri,
+        collection=f"esp_{n}",
+        index="FLAT",
+        timeout=600,
+        index_wait=args.index_wait,
+        consistency=args.consistency,
+    )
     progress(f"n={n}: writing the concatenated collection")
     t0 = time.perf_counter()
     ids = [str(i) for i in range(n)]
+    if args.uri:  # a server keeps collections between runs: FLAT first, whatever an earlier run left
+        with _client(uri) as c:
+            if c.has_collection(settings.collection):
+                _reindex(c, settings.collection, "FLAT", {}, args.index_wait)
     load_bundle(settings, layout, corpus, ids, None, schema=MetadataSchema({}), batch=args.batch)
     out["load_seconds_concatenated"] = round(time.perf_counter() - t0, 1)
     engine = MilvusBackend(corpus, layout, settings=settings)
@@ -187,64 +225,127 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
 
     client = MilvusClient(uri=uri, timeout=600, alias="esp-bench")
     try:
+        out["server_version"] = str(client.get_server_version())
+    except Exception:  # Milvus Lite does not implement it
+        out["server_version"] = "milvus-lite"
+    try:
         if "hybrid" in args.skip and "approx" in args.skip:
             return _finish(out, methods)
         if "hybrid" not in args.skip:
-            progress(f"n={n}: writing the 3-field collection")
-            t0 = time.perf_counter()
-            hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch)
-            out["load_seconds_three_fields"] = round(time.perf_counter() - t0, 1)
-            for limit in args.hybrid_limits:
-                measure(
-                    f"hybrid_weighted_ranker_limit{limit}",
-                    hybrid_search(client, f"hybrid_{n}", layout, limit),
-                )
+            try:
+                progress(f"n={n}: writing the 3-field collection")
+                t0 = time.perf_counter()
+                hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch)
+                out["load_seconds_three_fields"] = round(time.perf_counter() - t0, 1)
+                for limit in args.hybrid_limits:
+                    measure(
+                        f"hybrid_weighted_ranker_limit{limit}",
+                        hybrid_search(client, f"hybrid_{n}", layout, limit),
+                    )
+            except Exception as exc:  # several vector fields and hybrid_search: Milvus 2.4+
+                methods["hybrid_weighted_ranker"] = {"skipped": str(exc)[:200]}
+                progress(f"n={n} hybrid_search: skipped ({str(exc)[:120]})")
         if "approx" in args.skip:
             return _finish(out, methods)
 
-        indexes: list[tuple[str, dict[str, Any]]] = [("IVF_FLAT", {"nlist": nl}) for nl in args.nlist]
-        indexes += [("AUTOINDEX", {}), ("HNSW", {"M": 16, "efConstruction": 200})]
-        for index, params in indexes:
-            client.release_collection(settings.collection)
-            client.drop_index(settings.collection, "esp_vector")
-            ip = client.prepare_index_params()
-            ip.add_index(field_name="esp_vector", index_type=index, metric_type="IP", params=params)
-            try:
-                client.create_index(settings.collection, ip)
-            except Exception as exc:  # Milvus Lite builds FLAT, IVF_FLAT and AUTOINDEX only
-                methods[f"milvus_{index.lower()}"] = {"skipped": str(exc)[:200]}
-                progress(f"n={n} {index}: not available here ({str(exc)[:120]})")
-                ip = client.prepare_index_params()
-                ip.add_index(field_name="esp_vector", index_type="FLAT", metric_type="IP")
-                client.create_index(settings.collection, ip)
-                continue
-            client.load_collection(settings.collection)
+        for index, params in _index_grid(args):
             tag = index.lower() + (f"_nlist{params['nlist']}" if "nlist" in params else "")
-            if index == "IVF_FLAT":  # does this Milvus honour nprobe? (Milvus Lite 2.5.1 does not)
-                probe = [
-                    client.search(
-                        settings.collection,
-                        data=[queries[0].tolist()],
-                        anns_field="esp_vector",
-                        limit=50,
-                        search_params={"metric_type": "IP", "params": {"nprobe": p}},
-                    )[0]
-                    for p in (1, params["nlist"])
-                ]
-                same = [h["id"] for h in probe[0]] == [h["id"] for h in probe[1]]
-                out.setdefault("nprobe_honoured", {})[tag] = not same
-            for cand in args.candidates:
-                s = settings.model_copy(
-                    update={"nprobe": args.nprobe, "candidates": cand, "ef": max(256, cand)}
+            if not _reindex(client, settings.collection, index, params, args.index_wait):
+                methods[f"milvus_{tag}"] = {"skipped": f"{index} is not built by this Milvus"}
+                progress(f"n={n} {index}: not available here")
+                continue
+            if index == "IVF_FLAT":
+                out.setdefault("nprobe_honoured", {})[tag] = _nprobe_honoured(
+                    client, settings.collection, queries[0], params["nlist"]
                 )
+            for knob, cand in _knobs(index, args):
+                s = settings.model_copy(update={**knob, "candidates": cand})
                 approx = MilvusBackend(corpus, layout, settings=s)
-                name = f"milvus_{tag}_c{cand}"
-                measure(name, lambda q, w, kk, e=approx: e.search(q, w, kk).rows)
-                methods[name]["params"] = {**params, "nprobe": args.nprobe, "candidates": cand}
+                pool = approx.candidates(k)
+                sp = approx.search_params(pool)["params"]
+                name = f"milvus_{tag}" + "".join(f"_{a}{b}" for a, b in sp.items()) + f"_c{pool}"
+                if name not in methods:
+                    measure(name, lambda q, w, kk, e=approx: e.search(q, w, kk).rows)
+                    methods[name]["params"] = {**params, **sp, "candidates": pool}
                 approx.close()
     finally:
         client.close()
     return _finish(out, methods)
+
+
+@contextmanager
+def _client(uri: str) -> Iterator[Any]:
+    from pymilvus import MilvusClient
+
+    c = MilvusClient(uri=uri, timeout=600, alias=f"esp-bench-{time.monotonic_ns()}")
+    try:
+        yield c
+    finally:
+        c.close()
+
+
+def _index_grid(args: argparse.Namespace) -> list[tuple[str, dict[str, Any]]]:
+    grid: list[tuple[str, dict[str, Any]]] = []
+    for index in args.indexes:
+        if index == "IVF_FLAT":
+            grid += [("IVF_FLAT", {"nlist": nl}) for nl in args.nlist]
+        elif index == "HNSW":
+            grid.append(("HNSW", {"M": args.hnsw_m, "efConstruction": args.ef_construction}))
+        else:
+            grid.append((index, {}))
+    return grid
+
+
+def _knobs(index: str, args: argparse.Namespace) -> list[tuple[dict[str, Any], int]]:
+    """The search settings swept on one index: nprobe (IVF_FLAT) or ef (HNSW) x candidates."""
+    if index == "IVF_FLAT":
+        knobs: list[dict[str, Any]] = [{"nprobe": p} for p in args.nprobe]
+    elif index == "HNSW":
+        knobs = [{"ef": e} for e in args.ef]
+    else:
+        knobs = [{}]
+    return [(kn, c) for kn in knobs for c in args.candidates]
+
+
+def _reindex(client: Any, collection: str, index: str, params: dict[str, Any], wait: float) -> bool:
+    """Replace the vector index and load the collection once the index covers every row; ``False``
+    (FLAT restored) when this Milvus does not build ``index`` (Milvus Lite has no HNSW)."""
+    from service.engine.milvus_backend import VECTOR, wait_for_index
+
+    client.release_collection(collection)
+    client.drop_index(collection, VECTOR)
+    ip = client.prepare_index_params()
+    ip.add_index(field_name=VECTOR, index_type=index, metric_type="IP", params=params)
+    built = True
+    try:
+        client.create_index(collection, ip)
+    except Exception:
+        built = False
+        ip = client.prepare_index_params()
+        ip.add_index(field_name=VECTOR, index_type="FLAT", metric_type="IP")
+        client.create_index(collection, ip)
+    t0 = time.perf_counter()
+    wait_for_index(client, collection, wait)
+    progress(f"{collection}: {index if built else 'FLAT'} {params} built in {time.perf_counter() - t0:.1f} s")
+    client.load_collection(collection)
+    return built
+
+
+def _nprobe_honoured(client: Any, collection: str, query: np.ndarray, nlist: int) -> bool:
+    """Do nprobe 1 and nprobe = nlist give different hits? (Milvus Lite 2.5.1: the same.)"""
+    from service.engine.milvus_backend import VECTOR
+
+    hits = [
+        client.search(
+            collection,
+            data=[query.tolist()],
+            anns_field=VECTOR,
+            limit=50,
+            search_params={"metric_type": "IP", "params": {"nprobe": p}},
+        )[0]
+        for p in (1, nlist)
+    ]
+    return [h["id"] for h in hits[0]] != [h["id"] for h in hits[1]]
 
 
 def _finish(out: dict[str, Any], methods: dict[str, dict[str, Any]]) -> dict[str, Any]:
@@ -257,15 +358,53 @@ def _finish(out: dict[str, Any], methods: dict[str, dict[str, Any]]) -> dict[str
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(
+        description=__doc__.splitlines()[0],
+        epilog=__doc__[__doc__.index("Milvus Lite ignores") :],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000])
     p.add_argument(
         "--dims", type=int, nargs=3, default=[256, 96, 32], help="subspace dims (default 256 96 32)"
     )
     p.add_argument("--queries", type=int, default=20, help="queries per weight vector")
+    p.add_argument(
+        "--query-centers",
+        default="fresh",
+        choices=["fresh", "corpus"],
+        help="queries around directions of their own (default) or around the corpus's",
+    )
     p.add_argument("--batch", type=int, default=2000, help="rows per insert")
+    p.add_argument(
+        "--uri",
+        default=None,
+        help="a Milvus server (http://127.0.0.1:19530); default: Milvus Lite files in --workdir",
+    )
+    p.add_argument(
+        "--indexes",
+        nargs="+",
+        default=["IVF_FLAT", "AUTOINDEX", "HNSW"],
+        choices=["IVF_FLAT", "HNSW", "AUTOINDEX"],
+        help="approximate indexes measured (one after the other on the same collection)",
+    )
     p.add_argument("--nlist", type=int, nargs="+", default=[1024, 64], help="IVF_FLAT lists (one index each)")
-    p.add_argument("--nprobe", type=int, default=64)
+    p.add_argument("--nprobe", type=int, nargs="+", default=[64], help="IVF_FLAT lists probed (swept)")
+    p.add_argument("--hnsw-m", type=int, default=16, help="HNSW graph degree")
+    p.add_argument("--ef-construction", type=int, default=200, help="HNSW build breadth")
+    p.add_argument(
+        "--ef",
+        type=int,
+        nargs="+",
+        default=[256],
+        help="HNSW search breadth (swept; at least the candidates)",
+    )
+    p.add_argument(
+        "--consistency",
+        default="Strong",
+        choices=["Strong", "Session", "Bounded", "Eventually"],
+        help="consistency level of the backend's searches (a server's Strong waits for a time tick)",
+    )
+    p.add_argument("--index-wait", type=float, default=1800.0, help="seconds to wait for an index build")
     p.add_argument("--skip", nargs="*", default=[], choices=["hybrid", "approx"], help="leave methods out")
     p.add_argument(
         "--candidates", type=int, nargs="+", default=[100, 400], help="approximate: candidates re-ranked"
@@ -285,9 +424,12 @@ def main(argv: list[str] | None = None) -> int:
             "bench": "milvus",
             "k": 10,
             "queries_per_weight": args.queries,
+            "query_centers": args.query_centers,
             "weights": [list(w) for w in WEIGHT_GRID],
             "runs": runs,
-            "note": "Milvus Lite 2.5 (local server process) on this machine; ms are one query per call",
+            "milvus": args.uri or "Milvus Lite (local server process)",
+            "consistency": args.consistency,
+            "note": "ms are one query per call, on this machine",
         }
     )
     return 0

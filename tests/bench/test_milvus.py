@@ -24,6 +24,9 @@ def test_milvus_bench_prints_one_json_line(tmp_path: Path, capsys: pytest.Captur
         "2",
         "--nlist",
         "4",
+        "--nprobe",
+        "1",
+        "4",
         "--candidates",
         "20",
         "--hybrid-limits",
@@ -39,5 +42,11 @@ def test_milvus_bench_prints_one_json_line(tmp_path: Path, capsys: pytest.Captur
     assert methods["numpy"]["recall_min"] == methods["milvus_flat"]["recall_min"] == 1.0
     assert len(methods["milvus_flat"]["recall_at_10"]) == len(milvus.WEIGHT_GRID)
     assert 0.0 <= methods["hybrid_weighted_ranker_limit10"]["recall_min"] <= 1.0
-    assert "milvus_ivf_flat_nlist4_c20" in methods and "nprobe_honoured" in run
+    assert "nprobe_honoured" in run
+    for nprobe in (1, 4):  # the sweep: one entry per nprobe, its settings recorded
+        m = methods[f"milvus_ivf_flat_nlist4_nprobe{nprobe}_c20"]
+        assert m["params"] == {"nlist": 4, "nprobe": nprobe, "candidates": 20}
+        assert min(m["recall_at_10"].values()) == m["recall_min"] <= m["recall_mean"] <= 1.0
+    hnsw = [k for k in methods if k.startswith("milvus_hnsw")]  # Milvus Lite 2.5 builds no HNSW
+    assert hnsw and all("skipped" in methods[k] or methods[k]["recall_min"] <= 1.0 for k in hnsw)
     assert methods["milvus_flat"]["ms_ratio_vs_numpy"] > 0

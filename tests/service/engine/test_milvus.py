@@ -22,7 +22,7 @@ from tests.service.engine.conftest import layout_of, random_rows, reference_topk
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
-from service.engine.milvus_backend import MilvusBackend, MilvusSettings, load_bundle
+from service.engine.milvus_backend import MilvusBackend, MilvusSettings, load_bundle, wait_for_index
 
 N = 1500
 
@@ -180,6 +180,21 @@ def test_an_approximate_index_is_reranked_exactly(milvus: Loaded) -> None:
     np.testing.assert_array_equal(res.rows, rows)  # every list probed: the exact answer
 
 
+def test_the_approximate_search_settings_reach_milvus(milvus: Loaded) -> None:
+    layout = layout_of("three")
+    corpus = random_rows(N, layout, seed=33)
+    engine = milvus.engine("ivf3", corpus, layout, index="IVF_FLAT", nlist=8, nprobe=3, candidates=40)
+    assert engine.search_params(engine.candidates(10)) == {"metric_type": "IP", "params": {"nprobe": 3}}
+    assert engine.candidates(10) == 40 and engine.candidates(100) == 112  # at least k + k / 8
+    info = wait_for_index(engine._client, "ivf3", 30.0)  # the index covers every row
+    assert info["index_type"] == "IVF_FLAT" and int(info.get("pending_index_rows", 0)) == 0
+    queries = random_rows(3, layout, seed=34)
+    w = np.array([0.0, 1.0, 0.3])
+    res = engine.search(queries, w, 5)
+    exact = reference_scores(queries, corpus, w, layout)
+    np.testing.assert_allclose(res.scores, np.take_along_axis(exact, res.rows, 1), atol=1e-6)
+
+
 def test_a_collection_of_another_corpus_is_refused(milvus: Loaded) -> None:
     layout = layout_of("three")
     corpus = random_rows(200, layout, seed=41)
@@ -214,3 +229,21 @@ def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
     assert engine.delete("new") and not engine.delete("new")
     top = engine.search(q, w, 3).rows[0].tolist()
     assert row not in top and top[0] == 7
+
+
+def test_session_consistency_searches_see_this_process_writes(milvus: Loaded) -> None:
+    from pydantic import ValidationError
+
+    from service.engine.milvus_backend import LiveDocument
+
+    with pytest.raises(ValidationError):
+        MilvusSettings(uri=milvus.uri, consistency="Weak")
+    layout = layout_of("three")
+    corpus = random_rows(300, layout, seed=61)
+    engine = milvus.engine("session", corpus, layout, consistency="Session")
+    q = random_rows(2, layout, seed=62)
+    w = np.array([1.0, 0.0, 0.4])
+    rows, _ = reference_topk(q, corpus, w, layout, 10)
+    np.testing.assert_array_equal(engine.search(q, w, 10).rows, rows)  # FLAT: still exact
+    [row] = engine.upsert([LiveDocument("fresh", q[0], {})])
+    assert engine.search(q[:1], w, 1).rows[0, 0] == row  # read-your-writes
