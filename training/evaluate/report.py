@@ -25,7 +25,12 @@ from subspace.metrics import macro_f1
 from training.evaluate.diagnostics import StepLog, read_log, rolling_mean, summarize
 from training.evaluate.keyword_clustering import ClusterSpec, cluster_scores
 from training.evaluate.metrics import hypervolume_2d, pareto_front
-from training.evaluate.operating_points import ENTITY_METRIC, SEMANTIC_METRIC, compute_operating_points
+from training.evaluate.operating_points import (
+    ENTITY_METRIC,
+    SEMANTIC_METRIC,
+    compute_operating_points,
+    standard_error,
+)
 from training.evaluate.runner import Context, Run
 from training.evaluate.significance import mean_over_seeds, paired_test
 from training.evaluate.tables import fmt, markdown_table, mean_std
@@ -90,7 +95,8 @@ def seed_curve(group: Sequence[Run]) -> list[dict[str, Any]]:
     for i, point in enumerate(group[0].result.sweep):
         ndcg = pool_queries([r.result.sweep[i]["ndcg"] for r in group])
         ent = pool_queries([r.result.sweep[i]["entity_p"] for r in group])
-        curve.append({"weights": point["weights"], "metrics": {X: _mean(ndcg), Y: _mean(ent)}})
+        curve.append({"weights": point["weights"],
+                      "metrics": {X: _mean(ndcg), Y: _mean(ent), X + "_se": standard_error(ndcg)}})
     return curve
 
 
@@ -103,8 +109,8 @@ def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str
 
     The weights of a named point used for the queries of year A come from the sweep over year
     B (different models, different queries), so no point is chosen on the queries it is
-    scored on. Returns ``{name: {ndcg@10, entity_p@10, per_query: {metric: {qid: v}}}}`` pooled over
-    both years.
+    scored on. Returns ``{name: {ndcg@10, entity_p@10, weights_used_on: {year: weights},
+    per_query: {metric: {qid: v}}}}`` pooled over both years.
     """
     by_year: dict[str, list[Run]] = defaultdict(list)
     for r in group:
@@ -117,14 +123,20 @@ def cross_fitted_points(group: Sequence[Run], layout: Any) -> dict[str, dict[str
     for name in picks[0]:
         ndcg: dict[str, float] = {}
         ent: dict[str, float] = {}
-        for rs, chooser in zip(by_year.values(), reversed(picks), strict=True):
-            w = chooser[name]["weights"]
+        used: dict[str, dict[str, float]] = {}
+        for year, rs, chooser in zip(by_year, by_year.values(), reversed(picks), strict=True):
+            w = used[year] = chooser[name]["weights"]
             i = next(j for j, p in enumerate(rs[0].result.sweep) if all(
                 math.isclose(p["weights"][k], w[k], abs_tol=1e-9) for k in p["weights"]))
             ndcg.update(pool_queries([r.result.sweep[i]["ndcg"] for r in rs]))
             ent.update(pool_queries([r.result.sweep[i]["entity_p"] for r in rs]))
-        out[name] = {X: _mean(ndcg), Y: _mean(ent), "per_query": {X: ndcg, Y: ent}}
+        out[name] = {X: _mean(ndcg), Y: _mean(ent), "weights_used_on": used, "per_query": {X: ndcg, Y: ent}}
     return out
+
+
+def per_seed_text(values: Sequence[float]) -> str:
+    """``[0.6528, 0.645]`` -> ``"0.653 / 0.645"`` (one value per seed, in seed order)."""
+    return " / ".join(f"{v:.3f}" for v in values)
 
 
 def _seeds_text(seeds: Sequence[int | None]) -> str:
@@ -167,8 +179,10 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     for i, p in enumerate(fpm["curves"][fpm["seeds"][0]]):
         xs = [fpm["curves"][s][i]["metrics"][X] for s in fpm["seeds"]]
         ys = [fpm["curves"][s][i]["metrics"][Y] for s in fpm["seeds"]]
+        se = [fpm["curves"][s][i]["metrics"][f"{X}_se"] for s in fpm["seeds"]]
         mean_curve.append({"weights": p["weights"],
                            "metrics": {X: float(np.mean(xs)), Y: float(np.mean(ys)),
+                                       f"{X}_se": float(np.mean(se)),
                                        f"{X}_std": mean_std(xs)[1], f"{Y}_std": mean_std(ys)[1]}})
     context = (f"{cfg.methods[fm].label}; mean of {_seeds_text(fpm['seeds'])}, cross-year held-out "
                "TREC DL queries; chosen on the same sweep")
@@ -489,21 +503,30 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
     if ops:
         add("## Operating points")
         add("")
-        add(f"Picked on the Pareto front of the mean sweep of {cfg.methods[fm].label} (these are what "
-            "`write_operating_points` puts into a bundle manifest). Because they are chosen on the "
-            "same held-out queries they are scored on, the *cross-fitted* column chooses each point's "
-            "weights on the other held-out year's sweep (other model, other queries) and is the honest "
-            "estimate.")
+        add(f"Picked on the mean sweep of {cfg.methods[fm].label} (these are what "
+            "`write_operating_points` puts into a bundle manifest): `balanced` and `entity_first` on its "
+            "Pareto front, `semantic_first` by the one-standard-error rule (the most semantic-weighted "
+            "point within one SE of the best NDCG@10, `training.evaluate.operating_points`). Because they "
+            "are chosen on the same held-out queries they are scored on, the *cross-fitted* columns choose "
+            "each point's weights on the other held-out year's sweep (other model, other queries) and are "
+            "the honest estimate; the last column lists the weights each seed used per scored year.")
         add("")
         orows = []
+        front_names = list(next(iter(ops.values()))["weights"])
         for name, op in ops.items():
             cf = [results["operating_points_cross_fitted"][str(s)].get(name, {}) for s in
                   per_method[fm]["seeds"]]
             w = ", ".join(f"{k}={v:.1f}" for k, v in op["weights"].items())
+            used = "; ".join(
+                f"s{s} " + " ".join(f"{y}:" + "/".join(f"{v:.1f}" for v in wy.values())
+                                    for y, wy in c.get("weights_used_on", {}).items())
+                for s, c in zip(per_method[fm]["seeds"], cf, strict=True))
             orows.append([name, w, f"{op['metrics'][X]:.3f}", f"{op['metrics'][Y]:.3f}",
-                          fmt([c.get(X, math.nan) for c in cf]), fmt([c.get(Y, math.nan) for c in cf])])
+                          fmt([c.get(X, math.nan) for c in cf]), fmt([c.get(Y, math.nan) for c in cf]),
+                          per_seed_text([c.get(X, math.nan) for c in cf]), used])
         add(markdown_table(["name", "weights", "NDCG@10", "entity P@10", "cross-fitted NDCG@10",
-                            "cross-fitted entity P@10"], orows))
+                            "cross-fitted entity P@10", "cross-fitted NDCG@10 per seed",
+                            f"weights used ({'/'.join(front_names)})"], orows))
         add("")
 
     # ---- paired tests and the hypervolume margin

@@ -9,7 +9,7 @@ import pytest
 from subspace.bundle import read_bundle
 from training.config import TrainConfig
 from training.evaluate.config import DataSlice
-from training.evaluate.operating_points import attach_operating_points
+from training.evaluate.operating_points import SEMANTIC_BUDGET, attach_operating_points
 from training.evaluate.slice import make_data_slice
 
 pytestmark = pytest.mark.slow
@@ -55,7 +55,9 @@ def test_points_written_for_an_esp_bundle(sliced: Path, tmp_path: Path) -> None:
         assert set(p["weights"]) == {"semantic", "entity", "intent"}
         assert 0.0 <= p["metrics"]["ndcg@10"] <= 1.0 and 0.0 <= p["metrics"]["entity_p@10"] <= 1.0
         assert "held-out dl20" in p["description"]
-    assert points["semantic_first"]["metrics"]["ndcg@10"] >= points["entity_first"]["metrics"]["ndcg@10"]
+    # semantic_first (the one-SE rule) stays within the 0.02 budget of every named point's NDCG@10
+    best = max(p["metrics"]["ndcg@10"] for p in points.values())
+    assert points["semantic_first"]["metrics"]["ndcg@10"] >= best - SEMANTIC_BUDGET - 1e-12
 
 
 def test_single_head_bundle_is_left_alone(sliced: Path, tmp_path: Path) -> None:

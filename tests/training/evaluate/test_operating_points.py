@@ -42,6 +42,30 @@ def test_named_points_on_the_front() -> None:
     assert pts["balanced"]["description"].endswith("(seed 0)")
 
 
+def test_semantic_first_takes_the_most_semantic_point_within_one_standard_error() -> None:
+    # the best NDCG (0.705) leans on entity; pure semantic is 0.004 below it and also on the front
+    curve = [
+        {"weights": {"semantic": 1.0, "entity": 0.0, "intent": 0.0}, "metrics": {"ndcg@10": 0.701, "entity_p@10": 0.40}},
+        {"weights": {"semantic": 0.6, "entity": 0.2, "intent": 0.2}, "metrics": {"ndcg@10": 0.705, "entity_p@10": 0.39}},
+        {"weights": {"semantic": 0.7, "entity": 0.3, "intent": 0.0}, "metrics": {"ndcg@10": 0.690, "entity_p@10": 0.60}},
+    ]
+    assert compute_operating_points(curve, LAYOUT)["semantic_first"]["weights"]["semantic"] == 0.6  # no SE: the max
+    with_se = [{**p, "metrics": {**p["metrics"], "ndcg@10_se": 0.03}} for p in curve]
+    pts = compute_operating_points(with_se, LAYOUT)
+    # within one SE (capped at the 0.02 budget): 0.705, 0.701 and 0.690 -> the largest semantic share
+    assert pts["semantic_first"]["weights"] == {"semantic": 1.0, "entity": 0.0, "intent": 0.0}
+    # a point off the front counts too: the choice is on the semantic axis alone
+    dominated = [{**p, "metrics": {**p["metrics"], "entity_p@10": 0.3}} if p["weights"]["semantic"] == 1.0 else p
+                 for p in with_se]
+    assert compute_operating_points(dominated, LAYOUT)["semantic_first"]["weights"]["semantic"] == 1.0
+    tight = [{**p, "metrics": {**p["metrics"], "ndcg@10_se": 0.001}} for p in curve]
+    assert compute_operating_points(tight, LAYOUT)["semantic_first"]["weights"]["semantic"] == 0.6
+    # a layout without the semantic block falls back to the plain maximum
+    other = SubspaceLayout.from_dims({"text": 4, "entity": 2, "intent": 2})
+    renamed = [{**p, "weights": {"text" if k == "semantic" else k: v for k, v in p["weights"].items()}} for p in with_se]
+    assert compute_operating_points(renamed, other)["semantic_first"]["weights"]["text"] == 0.6
+
+
 def test_bad_inputs_are_named() -> None:
     with pytest.raises(ValueError, match="allowed"):
         compute_operating_points(CURVE, LAYOUT, names=["fastest"])
