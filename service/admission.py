@@ -15,14 +15,16 @@ request's wait happen where the batcher cannot see them, and this module measure
   task, so the micro-batcher can shed, at dequeue, a request that has already waited out the
   budget (Controlled Delay: work that can only be late is answered 429 instead of being run).
 
-The in-flight limit (``ESP_MAX_INFLIGHT_SEARCHES``, or from Little's law: the budget over the
-measured engine seconds per request) is the middleware's; :func:`inflight_limit` computes it.
+And it bounds the searches in progress: :class:`AdaptiveLimit`, an in-flight limit adapted to the
+objective from the latency the server measures of the searches it answers (AIMD, as TCP's window
+or Netflix's concurrency-limits), or the fixed ``ESP_MAX_INFLIGHT_SEARCHES``. A forecast sees the
+engine's queue; the measured latency also sees what no forecast models: the event loop's hops
+between parsing, the batch and the answer, and an engine that shares its core with them.
 """
 
 from __future__ import annotations
 
 import asyncio
-import math
 import time
 from contextvars import ContextVar
 
@@ -76,12 +78,59 @@ class LoopLag:
         return max(self.last, now - self._due)
 
 
-def inflight_limit(fixed: int | None, budget: float | None, seconds_per_request: float | None) -> int | None:
-    """Searches that may be in progress at once: ``fixed`` when set, else Little's law (requests
-    the engine finishes within ``budget`` at its measured ``seconds_per_request``; at least 1),
-    else None (no limit: no budget, or nothing measured yet)."""
-    if fixed is not None:
-        return fixed
-    if budget is None or not seconds_per_request:
-        return None
-    return max(1, math.floor(budget / seconds_per_request))
+#: The adaptive limit's window (seconds): it changes at most once per window.
+LIMIT_WINDOW = 0.1
+#: The least it shrinks by after a window in which a search answered later than the objective.
+LIMIT_BACKOFF = 0.8
+
+
+class AdaptiveLimit:
+    """Searches that may be in progress at once, adapted to the latency objective (a gradient
+    limit, as Netflix's concurrency-limits or Envoy's adaptive concurrency).
+
+    Over each window of :data:`LIMIT_WINDOW` seconds the slowest answer ``m`` (from a search's
+    estimated arrival to its answer) is kept; at the window's end, with ``L`` the limit in force
+    and ``objective / m`` the headroom (latency grows about in proportion to the searches in
+    progress, so ``L * objective / m`` is the most that would still be on time):
+
+    - some answer was late (``m > objective``): the limit shrinks to that, and by at least
+      :data:`LIMIT_BACKOFF` (never below 1);
+    - none was, and the limit refused a search in the window: it grows to that, at most doubling
+      and up to ``ceiling``; the fractional part carries over, so a limit with too little headroom
+      for one more stays where it is.
+
+    So it settles where the server still answers within the objective, and moves when the
+    engine's speed or the load changes (a reload, a neighbour on the core). Deterministic given
+    the calls: time is passed in.
+    """
+
+    def __init__(self, objective: float, initial: int, ceiling: int) -> None:
+        self.objective = objective
+        self.ceiling = max(1, ceiling)
+        self._limit = float(min(max(1, initial), self.ceiling))
+        self._window_start: float | None = None
+        self._slowest = 0.0
+        self._refused = False
+
+    @property
+    def limit(self) -> int:
+        return max(1, int(self._limit))
+
+    def refused(self) -> None:
+        """The limit refused a search: more would have come."""
+        self._refused = True
+
+    def answered(self, latency: float, now: float) -> None:
+        """A search admitted under the limit was answered after ``latency`` seconds."""
+        if self._window_start is None:
+            self._window_start = now
+        self._slowest = max(self._slowest, latency)
+        if now - self._window_start < LIMIT_WINDOW:
+            return
+        in_force = self.limit
+        fits = in_force * self.objective / max(self._slowest, 1e-9)  # on time at this many, roughly
+        if self._slowest > self.objective:
+            self._limit = max(1.0, min(self._limit * LIMIT_BACKOFF, fits))
+        elif self._refused:
+            self._limit = min(float(self.ceiling), max(self._limit, min(2.0 * in_force, fits)))
+        self._window_start, self._slowest, self._refused = now, 0.0, False

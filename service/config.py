@@ -73,8 +73,8 @@ class Settings(BaseSettings):
     max_inflight_searches: int | None = Field(
         None,
         ge=1,
-        description="searches in progress at once before 429 (default: the latency budget over the "
-        "engine's measured seconds per request, Little's law)",
+        description="searches in progress at once before 429 (default: adapted to the latency budget from "
+        "the latency measured of the searches answered, AIMD)",
     )
     max_cluster_tokens: int = Field(
         20_000, ge=1, description="whitespace-separated words over all keywords of one /v1/cluster request"

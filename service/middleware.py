@@ -16,7 +16,7 @@ from typing import Any
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.admission import ARRIVED, inflight_limit
+from service.admission import ARRIVED, AdaptiveLimit
 from service.errors import ErrorKind, error_body
 from service.http_limits import RECEIVED
 from service.logs import REQUEST_ID, request_id_from
@@ -89,8 +89,8 @@ class AdmissionMiddleware:
     load instead of parsing work it will refuse), a search is refused when
 
     - the searches in progress (admitted here, not yet answered) reach the in-flight limit:
-      ``ESP_MAX_INFLIGHT_SEARCHES`` when set, else Little's law, the budget over the engine's
-      measured seconds per request (:func:`service.admission.inflight_limit`); or
+      ``ESP_MAX_INFLIGHT_SEARCHES`` when set, else adapted to the latency objective from the
+      latency measured of the searches answered (:class:`service.admission.AdaptiveLimit`); or
     - the event loop's lag (:class:`service.admission.LoopLag`: about how long its bytes waited
       in the socket before the server read them), plus the time since its headers were complete
       (the scope stamp of :mod:`service.http_limits`), plus the micro-batcher's expected wait for
@@ -105,6 +105,7 @@ class AdmissionMiddleware:
         self.app = app
         self.path = path
         self.inflight = 0  # searches admitted here and not yet answered
+        self.adaptive: AdaptiveLimit | None = None  # made at the first search (it needs the budget)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if not (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path):
@@ -146,20 +147,35 @@ class AdmissionMiddleware:
         try:
             await self.app(scope, timed_receive, send)
         finally:
+            done = time.monotonic()
+            if self.adaptive is not None:
+                self.adaptive.answered(done - (ARRIVED.get() or arrived), done)
             ARRIVED.reset(token)
             self.inflight -= 1
 
+    def _limit(self, scope: Scope, batcher: Any) -> tuple[int | None, str]:
+        """The in-flight limit now, and what sets it."""
+        fixed = getattr(getattr(scope["app"].state, "settings", None), "max_inflight_searches", None)
+        if fixed is not None:
+            return fixed, "the limit ESP_MAX_INFLIGHT_SEARCHES"
+        budget = getattr(batcher, "latency_budget", None)
+        if budget is None:
+            return None, ""
+        if self.adaptive is None:
+            initial, ceiling = getattr(batcher, "max_batch", 64), getattr(batcher, "queue_size", 1024)
+            self.adaptive = AdaptiveLimit(budget, initial=initial, ceiling=ceiling)
+        return self.adaptive.limit, (
+            f"the most the server answers within the latency budget of {budget * 1000:.0f} ms now "
+            "(adapted to the latency measured; setting ESP_LATENCY_BUDGET_MS)"
+        )
+
     def _refusal(self, scope: Scope, batcher: Any, now: float, waited: float) -> tuple[str, float] | None:
         budget = getattr(batcher, "latency_budget", None)
-        settings = getattr(scope["app"].state, "settings", None)
-        per_request = batcher.seconds_per_request(now) if hasattr(batcher, "seconds_per_request") else None
-        limit = inflight_limit(getattr(settings, "max_inflight_searches", None), budget, per_request)
+        limit, how = self._limit(scope, batcher)
         if limit is not None and self.inflight >= limit:
-            how = (
-                "the limit ESP_MAX_INFLIGHT_SEARCHES" if getattr(settings, "max_inflight_searches", None)
-                else f"what the engine answers within the latency budget of {(budget or 0) * 1000:.0f} ms "
-                "(setting ESP_LATENCY_BUDGET_MS)"
-            )
+            if self.adaptive is not None:
+                self.adaptive.refused()
+            per_request = getattr(batcher, "seconds_per_request", lambda _: None)(now)
             message = f"overloaded: {self.inflight} searches are in progress, {how}; retry later"
             return message, self.inflight * per_request if per_request else 1.0
         if budget is None:

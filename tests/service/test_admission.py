@@ -248,14 +248,34 @@ def test_the_loop_lag_is_how_late_the_loop_runs_a_callback_that_was_due() -> Non
     assert idle < blocked
 
 
-def test_the_inflight_limit_is_the_setting_or_littles_law() -> None:
-    from service.admission import inflight_limit
+def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it_refuses() -> None:
+    from service.admission import LIMIT_BACKOFF, LIMIT_WINDOW, AdaptiveLimit
 
-    assert inflight_limit(3, 0.25, 0.001) == 3  # the setting wins
-    assert inflight_limit(None, 0.25, 0.01) == 25  # 250 ms at 10 ms per request
-    assert inflight_limit(None, 0.25, 1.0) == 1  # at least one
-    assert inflight_limit(None, 0.25, None) is None  # nothing measured yet: no limit
-    assert inflight_limit(None, None, 0.01) is None  # no budget
+    step = LIMIT_WINDOW * 1.01  # a little over a window: no float edge
+    limit = AdaptiveLimit(objective=0.02, initial=10, ceiling=64)
+    t = 100.0
+
+    def window(latency: float, refused: bool = False) -> int:
+        nonlocal t
+        if refused:
+            limit.refused()
+        limit.answered(latency, t)
+        t += step
+        limit.answered(latency, t)  # the window closes at this answer
+        return limit.limit
+
+    assert window(0.022) == int(10 * LIMIT_BACKOFF)  # a little late: the least cut
+    assert window(0.08) == 2  # four times the objective: a quarter of the 8 in force
+    assert window(0.005) == 2  # on time, but nothing was refused: no reason to grow
+    assert window(0.005, refused=True) == 4  # 4x headroom while refusing: doubles at most
+    assert window(0.015, refused=True) == 5  # 4 * 20 / 15 = 5.3
+    assert window(0.019, refused=True) == 5  # not enough headroom for one more: stays
+    for _ in range(10):
+        window(0.001, refused=True)
+    assert limit.limit == 64  # the ceiling
+    for _ in range(30):
+        window(1.0)
+    assert limit.limit == 1  # never below one
 
 
 def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
