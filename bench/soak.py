@@ -3,8 +3,15 @@
 A real server (``esp serve``, admin token, registry file) serves a synthetic bundle (or
 ``--bundle``). The run, all on loopback with :class:`bench.http_load.RawConnection` clients:
 
-1. **unloaded**: one closed-loop caller, one-query vector searches: p50 / p99;
-2. **peak**: ``--peak-concurrency`` closed-loop callers for ``--peak-seconds``: answered/s;
+1. **calibration**: a server with the admission defaults (same bundle and settings), started and
+   stopped first: its unloaded p99 (one closed-loop caller, one-query vector searches) and its
+   **peak**, ``--peak-concurrency`` closed-loop callers for ``--peak-seconds``: answered/s (its
+   capacity; measured where the latency objective does not refuse the callers, which would
+   retry at once and measure their own retry storm);
+2. **the soak server**: its latency objective ``ESP_LATENCY_BUDGET_MS`` is ``--latency-budget-ms``
+   when given, else ``--budget-over-unloaded`` (default 2) times the calibration's unloaded p99,
+   the objective an operator sets from the latency served unloaded; **unloaded**: one
+   closed-loop caller: p50 / p99 (the anchor the admitted latency is compared to);
 3. **soak**: open-loop arrivals at ``--overload`` x peak (default 2x) for ``--minutes``
    (default 10), every request on its own schedule (latency counted from when it was due, so
    client-side queueing is not hidden), while a hot reload alternates two bundles every
@@ -12,11 +19,20 @@ A real server (``esp serve``, admin token, registry file) serves a synthetic bun
    ``--registry-every`` seconds (default 120).
 
 Reported: answered/s (200s), the 429 share, p50 / p99 of admitted (200) requests against the
-unloaded p50 / p99 (ratios), 5xx count, *lost* requests (no answer, a transport error, any status
-other than 200 / 429 / 503, or a 429 / 503 without ``Retry-After``), the server's RSS and thread
-count at the start and end of the soak (and their ratio across the reloads), reloads and
-registry changes done. Everything runs on this machine's cores (clients, server, engine), so the
-numbers describe this machine under this load, not a dedicated server.
+unloaded p50 / p99 (ratios; the p99 also against the calibration's), 5xx count, *lost* requests
+(no answer, a transport error, any status other than 200 / 429 / 503, or a 429 / 503 without
+``Retry-After``), the server's RSS and thread count at the start and end of the soak (and their
+ratio across the reloads), reloads and registry changes done; for the admitted requests, the
+p99 of the client's own delay in sending them (from due to on the wire: scheduling and the wait
+for a connection, inside their latency); the client's event-loop lag (p99) and CPU share; the
+429s by reason (from their message).
+
+Everything runs on this machine's cores, so by default (``--pin``, with two cores or more) the
+load client runs on the first core and the server (event loop, engine, reloads) on the others,
+so neither steals the other's CPU and the client's own lag does not pass for the server's
+(``--no-pin`` shares them all); the client runs on uvloop when installed (``--no-uvloop``:
+asyncio's loop), a cheaper loop that leaves its core less busy. The numbers describe this
+machine under this load, not a dedicated server.
 
     python bench/soak.py                    # 10 minutes
     python bench/soak.py --minutes 3        # shorter
@@ -28,10 +44,12 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import os
 import secrets
 import sys
 import tempfile
 import time
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlsplit
@@ -59,6 +77,39 @@ def registry_doc(names: list[str], step: int) -> dict[str, Any]:
     weights = dict.fromkeys(names, 1.0)
     weights[names[step % len(names)]] = 2.0 + step % 3
     return {"version": 1, "operating_points": {OP: {"weights": weights}}}
+
+
+def pin(cpus: set[int]) -> None:
+    """Every thread of this process (and the children it starts from now on) on ``cpus``."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cpus)
+
+
+def split_cores(enabled: bool) -> tuple[set[int], set[int]] | None:
+    """``(client, server)`` cores: the first allowed core for the client, the rest for the
+    server; None when not pinning (disabled, or fewer than two cores)."""
+    cores = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else []
+    if not enabled or len(cores) < 2:
+        return None
+    return {cores[0]}, set(cores[1:])
+
+
+def refusal_reason(body: bytes) -> str:
+    """Which admission check refused a 429, from its message (service.middleware, service.batching)."""
+    try:
+        message = str(json.loads(body).get("message", ""))
+    except (ValueError, AttributeError):
+        return "unreadable"
+    for phrase, reason in (
+        ("searches are in progress", "inflight_limit"),
+        ("for the server and the", "late_or_queue_at_arrival"),
+        ("before the engine could take it", "shed_at_dequeue"),
+        ("would take about", "queue_forecast_at_submit"),
+        ("queries are waiting and the queue holds", "queue_full"),
+    ):
+        if phrase in message:
+            return reason
+    return "other"
 
 
 def proc_stats(pid: int) -> dict[str, float]:
@@ -123,7 +174,12 @@ async def send(conn: RawConnection, request: bytes, timeout: float) -> tuple[int
     if conn._writer is None or conn._reader is None:
         raise RuntimeError("connection not open")
     conn._writer.write(request)
-    head = await asyncio.wait_for(conn._reader.readuntil(b"\r\n\r\n"), timeout)
+    async with asyncio.timeout(timeout):  # one deadline, no task per read (asyncio.wait_for makes one)
+        return await _read(conn._reader)
+
+
+async def _read(reader: asyncio.StreamReader) -> tuple[int, bytes, bool]:
+    head = await reader.readuntil(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
     status = int(lines[0].split(" ", 2)[1])
     length, retry_after = 0, False
@@ -134,8 +190,7 @@ async def send(conn: RawConnection, request: bytes, timeout: float) -> tuple[int
             length = int(value)
         elif name == "retry-after":
             retry_after = True
-    body = await asyncio.wait_for(conn._reader.readexactly(length), timeout)
-    return status, body, retry_after
+    return status, await reader.readexactly(length), retry_after
 
 
 async def closed_loop(
@@ -167,6 +222,8 @@ async def closed_loop(
 class Tally:
     def __init__(self) -> None:
         self.ok: list[float] = []
+        self.ok_send_delay: list[float] = []  # of each admitted request: due -> sent (the client's delay)
+        self.refusals: dict[str, int] = {}
         self.status: dict[int, int] = {}
         self.no_retry_after = 0
         self.lost = 0
@@ -204,13 +261,19 @@ async def open_loop(
         except OSError as exc:
             tally.record(None, 0.0, False, f"connect: {type(exc).__name__}")
             return
+        got = time.perf_counter()
         try:
-            status, _, retry_after = await send(conn, requests[i % len(requests)], timeout)
+            status, body, retry_after = await send(conn, requests[i % len(requests)], timeout)
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
             tally.record(None, 0.0, False, type(exc).__name__)
             conns.drop(conn)
             return
         tally.record(status, time.perf_counter() - due, retry_after)
+        if status == 200:
+            tally.ok_send_delay.append(max(0.0, got - due))
+        elif status == 429:
+            reason = refusal_reason(body)
+            tally.refusals[reason] = tally.refusals.get(reason, 0) + 1
         conns.put(conn)
 
     i = 0
@@ -218,7 +281,7 @@ async def open_loop(
         now = time.perf_counter()
         if now - start >= seconds:
             break
-        due_count = int((now - start) * rate) - i
+        due_count = int((now - start) * rate) + 1 - i  # request i is due at start + i / rate
         for _ in range(max(0, due_count)):
             task = asyncio.create_task(one(i, start + i / rate))
             pending.add(task)
@@ -228,6 +291,15 @@ async def open_loop(
     if pending:
         await asyncio.gather(*pending)
     return tally
+
+
+async def loop_lag(seconds: float, out: list[float], interval: float = 0.005) -> None:
+    """How late this process's event loop wakes a sleeper due every ``interval`` s: the load
+    client's own lag, which every latency it measures includes."""
+    end = time.perf_counter() + seconds
+    while (due := time.perf_counter() + interval) < end:
+        await asyncio.sleep(interval)
+        out.append(max(0.0, time.perf_counter() - due))
 
 
 def pct(values: list[float], q: float) -> float | None:
@@ -278,6 +350,8 @@ async def operate(
 
 async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     layout = SubspaceLayout.from_dims(DEFAULT_DIMS)
+    machine_facts = machine()  # before pinning: the machine's cores, not the client's
+    cores = split_cores(args.pin)
     if args.bundle is not None:
         bundles = [args.bundle.resolve(), args.bundle.resolve()]
     else:
@@ -292,46 +366,64 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     registry = tmp / "registry.json"
     atomic_write_text(registry, json.dumps(registry_doc(names, 0)))
     token = "soak-" + secrets.token_hex(8)
-    settings = {
-        "backend": args.backend, "threads": args.threads or None, "registry_poll_seconds": 1,
-        "latency_budget_ms": args.latency_budget_ms,
-    }
-    server = live_server.start_server(
-        bundles[0], tmp / "server.log", settings=settings, token=token, registry=registry,
-        args=["--log-level", "warning", "--no-access-log"], ready_timeout=300,
-    )
-    try:
+    settings = {"backend": args.backend, "threads": args.threads or None, "registry_poll_seconds": 1}
+    rng = np.random.default_rng(0)
+    q = normalize_blocks(rng.standard_normal((512, dim)).astype(np.float32), SubspaceLayout.from_dict(
+        read_manifest(bundles[0])["layout"]))
+    bodies = [json.dumps({**search_json(row[None], k=args.k), "operating_point": OP}).encode() for row in q]
+
+    def start(name: str, budget_ms: float | None) -> tuple[LiveServer, str, int, list[bytes]]:
+        if cores is not None:
+            pin(cores[1])  # the server inherits the server's cores
+        try:
+            server = live_server.start_server(
+                bundles[0], tmp / f"{name}.log", settings={**settings, "latency_budget_ms": budget_ms},
+                token=token, registry=registry, args=["--log-level", "warning", "--no-access-log"],
+                ready_timeout=300,
+            )
+        finally:
+            if cores is not None:
+                pin(cores[0])  # and this process, the load client, keeps its own
         split = urlsplit(server.url)
         host, port = split.hostname or "127.0.0.1", split.port or 80
-        rng = np.random.default_rng(0)
-        q = normalize_blocks(rng.standard_normal((512, dim)).astype(np.float32), SubspaceLayout.from_dict(
-            read_manifest(bundles[0])["layout"]))
-        requests = [
-            RawConnection.request_bytes(
-                host, port, "/v1/search",
-                json.dumps({**search_json(row[None], k=args.k), "operating_point": OP}).encode(),
-            )
-            for row in q
-        ]
+        return server, host, port, [RawConnection.request_bytes(host, port, "/v1/search", b) for b in bodies]
+
+    progress("calibration server (admission defaults): unloaded, then the peak")
+    server, host, port, requests = start("calibration", None)
+    try:
         conns = Conns(host, port, size=args.connections)
-        progress("unloaded: one closed-loop caller")
         await closed_loop(conns, requests, 1, 1.0, args.timeout)  # warm
-        unloaded, _ = await closed_loop(conns, requests, 1, args.unloaded_seconds, args.timeout)
-        progress(f"peak: {args.peak_concurrency} closed-loop callers")
+        cal, cal_other = await closed_loop(conns, requests, 1, args.unloaded_seconds, args.timeout)
         peak_lat, peak_other = await closed_loop(
             conns, requests, args.peak_concurrency, args.peak_seconds, args.timeout
         )
-        peak = len(peak_lat) / args.peak_seconds
+        await conns.close()
+    finally:
+        server.stop()
+    peak = len(peak_lat) / args.peak_seconds
+    cal_p99 = pct(cal, 99)
+    assert cal_p99 is not None
+    budget_ms = args.latency_budget_ms or round(args.budget_over_unloaded * cal_p99, 2)
+    calibration = {"requests": len(cal), "p50_ms": pct(cal, 50), "p99_ms": cal_p99, "not_200": cal_other}
+    server, host, port, requests = start("server", budget_ms)
+    try:
+        conns = Conns(host, port, size=args.connections)
+        progress(f"unloaded: one closed-loop caller (latency budget {budget_ms} ms)")
+        await closed_loop(conns, requests, 1, 1.0, args.timeout)  # warm
+        unloaded, unloaded_other = await closed_loop(conns, requests, 1, args.unloaded_seconds, args.timeout)
         rate = args.overload * peak
         seconds = args.minutes * 60
         progress(f"soak: {rate:.0f}/s offered ({args.overload}x the peak {peak:.0f}/s), {seconds:.0f}s")
         samples = [{"t": 0.0, **proc_stats(server.proc.pid)}]
-        c0 = time.perf_counter()
-        tally, ops = await asyncio.gather(
+        c0, cpu0 = time.perf_counter(), time.process_time()
+        client_lag: list[float] = []
+        tally, ops, _ = await asyncio.gather(
             open_loop(conns, requests, rate, seconds, args.timeout),
             operate(server, bundles, registry, names, args=args, seconds=seconds, samples=samples),
+            loop_lag(seconds, client_lag),
         )
         elapsed = time.perf_counter() - c0
+        client_cpu = (time.process_time() - cpu0) / elapsed
         samples.append({"t": round(elapsed, 1), **proc_stats(server.proc.pid)})
         await conns.close()
     finally:
@@ -348,10 +440,18 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "minutes": args.minutes,
         "bundle": str(args.bundle) if args.bundle else f"synthetic {args.docs} x {dim}",
         "backend": args.backend,
-        "latency_budget_ms": args.latency_budget_ms,
-        "unloaded": {"requests": len(unloaded), "p50_ms": pct(unloaded, 50), "p99_ms": unloaded_p99},
-        "peak": {"concurrency": args.peak_concurrency, "answered_per_s": round(peak, 1),
-                 "p99_ms": pct(peak_lat, 99), "not_200": peak_other},
+        "latency_budget_ms": budget_ms,
+        "latency_budget_from": "--latency-budget-ms" if args.latency_budget_ms
+        else f"{args.budget_over_unloaded} x the calibration's unloaded p99",
+        "calibration": calibration,
+        "client_loop_lag_p99_ms": pct(client_lag, 99),
+        "client_cpu_share": round(client_cpu, 3),  # of one core, during the soak
+        "pinned": None if cores is None
+        else {"client_cores": sorted(cores[0]), "server_cores": sorted(cores[1])},
+        "unloaded": {"requests": len(unloaded), "p50_ms": pct(unloaded, 50), "p99_ms": unloaded_p99,
+                     "not_200": unloaded_other},
+        "peak": {"server": "calibration", "concurrency": args.peak_concurrency,
+                 "answered_per_s": round(peak, 1), "p99_ms": pct(peak_lat, 99), "not_200": peak_other},
         "offered_per_s": round(rate, 1),
         "answered_per_s": round(answered / elapsed, 1),
         "requests": total + tally.lost,
@@ -361,6 +461,9 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "admitted_p99_ms": admitted_p99,
         "admitted_p99_over_unloaded_p99": round(admitted_p99 / unloaded_p99, 2)
         if admitted_p99 and unloaded_p99 else None,
+        "admitted_p99_over_calibration_p99": round(admitted_p99 / cal_p99, 2) if admitted_p99 else None,
+        "admitted_send_delay_p99_ms": pct(tally.ok_send_delay, 99),
+        "refusals_429": dict(sorted(tally.refusals.items())),
         "count_5xx": fivexx,
         "lost": tally.lost,
         "lost_reasons": tally.lost_reasons,
@@ -377,8 +480,26 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "rss_end_over_first_reload": round(last["rss_mb"] / first["rss_mb"], 3),
         "threads_end_over_first_reload": round(last["threads"] / first["threads"], 3),
         "samples": samples,
-        "machine": machine(),
+        "machine": machine_facts,
     }
+
+
+def run_client(main: Coroutine[Any, Any, dict[str, Any]], fast: bool) -> dict[str, Any]:
+    """Run the load client on uvloop when ``fast`` and it is installed (it comes with uvicorn's
+    standard extras; the server runs on it too): a cheaper event loop leaves the client's core
+    less busy, so less of the client's own delay lands in the latencies it measures."""
+    if fast:
+        try:
+            import uvloop
+        except ImportError:
+            fast = False
+        else:
+            result = uvloop.run(main)
+            result["client_event_loop"] = "uvloop"
+            return result
+    result = asyncio.run(main)
+    result["client_event_loop"] = "asyncio"
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -397,7 +518,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--connections", type=int, default=256, help="the client's connection pool in the soak")
     p.add_argument("--peak-seconds", type=float, default=15.0)
     p.add_argument("--unloaded-seconds", type=float, default=10.0)
-    p.add_argument("--latency-budget-ms", type=float, default=None, help="server setting (default: its own)")
+    p.add_argument(
+        "--latency-budget-ms", type=float, default=None,
+        help="the server's latency objective (ESP_LATENCY_BUDGET_MS); default: from a calibration server",
+    )
+    p.add_argument(
+        "--budget-over-unloaded", type=float, default=2.0,
+        help="without --latency-budget-ms: the objective as this multiple of the calibration's unloaded p99",
+    )
+    p.add_argument(
+        "--uvloop", action=argparse.BooleanOptionalAction, default=True,
+        help="run the load client on uvloop when installed (default)",
+    )
+    p.add_argument(
+        "--pin", action=argparse.BooleanOptionalAction, default=True,
+        help="load client on the first core, server on the others (default; needs two cores)",
+    )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take before it is lost")
     args = p.parse_args(argv)
     if args.quick:
@@ -405,7 +541,7 @@ def main(argv: list[str] | None = None) -> int:
         args.reload_every, args.registry_every = 6.0, 12.0
         args.peak_seconds, args.unloaded_seconds = 4.0, 3.0
     with tempfile.TemporaryDirectory(prefix="esp-soak-") as tmp:
-        result = asyncio.run(run(args, Path(tmp)))
+        result = run_client(run(args, Path(tmp)), args.uvloop)
     emit(result)
     return 0 if result["count_5xx"] == 0 and result["lost"] == 0 else 1
 
