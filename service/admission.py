@@ -33,6 +33,9 @@ LAG_INTERVAL = 0.005
 
 #: ``time.monotonic()`` when the search being served reached the server (estimated), or None.
 ARRIVED: ContextVar[float | None] = ContextVar("esp_arrived", default=None)
+#: The batch-sized slices the search being served was queued as (the micro-batcher sets it):
+#: the adaptive limit holds a search of ``s`` slices to ``s`` times the objective.
+SLICES: ContextVar[int] = ContextVar("esp_slices", default=1)
 
 
 class LoopLag:
@@ -89,9 +92,11 @@ class AdaptiveLimit:
     limit, as Netflix's concurrency-limits or Envoy's adaptive concurrency).
 
     Over each window of :data:`LIMIT_WINDOW` seconds the slowest answer ``m`` (from a search's
-    estimated arrival to its answer) is kept; at the window's end, with ``L`` the limit in force
-    and ``objective / m`` the headroom (latency grows about in proportion to the searches in
-    progress, so ``L * objective / m`` is the most that would still be on time):
+    estimated arrival to its answer, per batch-sized slice of its queries: a search of 256
+    queries is not late for taking longer than a search of one) is kept; at the window's end,
+    with ``L`` the limit in force and ``objective / m`` the headroom (latency grows about in
+    proportion to the searches in progress, so ``L * objective / m`` is the most that would still
+    be on time):
 
     - some answer was late (``m > objective``): the limit shrinks to that, and by at least
       :data:`LIMIT_BACKOFF` (never below 1);

@@ -56,7 +56,7 @@ from typing import Any
 
 import numpy as np
 
-from service.admission import ARRIVED, LoopLag
+from service.admission import ARRIVED, SLICES, LoopLag
 from service.errors import ClientClosedError, NotReadyError, OverloadedError
 from service.metrics import Metrics
 from service.state import ServingState
@@ -364,6 +364,7 @@ class MicroBatcher:
         for off in range(0, n, step):
             req.slices.append(Job(state, queries[off : off + step], block_weights, k, req, off))
         req.open_slices = len(req.slices)
+        SLICES.set(req.open_slices)  # for the admission middleware's measure of this request
         self._queue.append(req)
         self._arrivals.append(time.monotonic())
         self._depth += n

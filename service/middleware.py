@@ -16,7 +16,7 @@ from typing import Any
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from service.admission import ARRIVED, AdaptiveLimit
+from service.admission import ARRIVED, SLICES, AdaptiveLimit
 from service.errors import ErrorKind, error_body
 from service.http_limits import RECEIVED
 from service.logs import REQUEST_ID, request_id_from
@@ -128,7 +128,7 @@ class AdmissionMiddleware:
             )
             return
         self.inflight += 1
-        token = ARRIVED.set(arrived)
+        token, slices = ARRIVED.set(arrived), SLICES.set(1)
 
         lag = batcher.lag.lag if hasattr(batcher, "lag") else (lambda: 0.0)
 
@@ -149,8 +149,9 @@ class AdmissionMiddleware:
         finally:
             done = time.monotonic()
             if self.adaptive is not None:
-                self.adaptive.answered(done - (ARRIVED.get() or arrived), done)
+                self.adaptive.answered((done - (ARRIVED.get() or arrived)) / SLICES.get(), done)
             ARRIVED.reset(token)
+            SLICES.reset(slices)
             self.inflight -= 1
 
     def _limit(self, scope: Scope, batcher: Any) -> tuple[int | None, str]:

@@ -372,3 +372,53 @@ def test_past_the_inflight_limit_a_search_gets_429_with_retry_after_on_a_live_se
         other.sendall(head + b"\r\n" + body)  # the slow one is answered: room again
         again_head, _ = _head_and_body(other)
         assert again_head.startswith("HTTP/1.1 200")
+
+
+def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_queries(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from service.admission import ARRIVED, LIMIT_WINDOW, SLICES, LoopLag
+    from service.middleware import AdmissionMiddleware
+
+    state = _state(tmp_path)
+
+    async def sliced() -> int:  # the batcher says how many slices a request was queued as
+        b = _batcher(Metrics(), max_batch=64, max_wait_ms=0, queue_size=1000)
+        await b.start()
+        await b.submit(state, _vectors(130, 0), np.ones(2), 1)
+        await b.stop()
+        return SLICES.get()
+
+    assert asyncio.run(sliced()) == 3
+
+    class Batcher:
+        latency_budget, max_batch, queue_size = 0.25, 64, 1024
+        lag = LoopLag()
+
+        def expected_wait(self, n: int, now: float | None = None) -> float:
+            return 0.0
+
+        def seconds_per_request(self, now: float | None = None) -> float | None:
+            return None
+
+    def answered_in_one_second(slices: int) -> Any:
+        async def app(scope: Any, receive: Any, send: Any) -> None:
+            SLICES.set(slices)
+            ARRIVED.set((ARRIVED.get() or 0.0) - 1.0)  # as if it had arrived a second ago
+
+        return app
+
+    async def run(slices: int) -> int:
+        middleware = AdmissionMiddleware(answered_in_one_second(slices))
+        scope = {
+            "type": "http", "method": "POST", "path": "/v1/search", "headers": [],
+            "app": SimpleNamespace(state=SimpleNamespace(batcher=Batcher(), settings=None)),
+        }
+        for _ in range(2):  # the second answer, a window later, closes the window
+            await middleware(scope, None, None)  # type: ignore[arg-type]
+            await asyncio.sleep(LIMIT_WINDOW * 1.1)
+        assert middleware.adaptive is not None
+        return middleware.adaptive.limit
+
+    assert asyncio.run(run(slices=8)) == 64  # 125 ms per slice: on time, the limit stays
+    assert asyncio.run(run(slices=1)) < 64  # one slice answered in a second: late, it shrinks

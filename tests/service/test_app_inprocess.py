@@ -44,8 +44,9 @@ class GatedEngine:
 
 
 def test_full_queue_answers_429_with_retry_after_then_recovers(small_bundle: Path) -> None:
-    settings = Settings(
-        bundle=small_bundle, backend="numpy", threads=1, queue_size=2, max_queries=2, max_wait_ms=0
+    settings = Settings(  # a latency budget no wait here comes near: only the full queue refuses
+        bundle=small_bundle, backend="numpy", threads=1, queue_size=2, max_queries=2, max_wait_ms=0,
+        latency_budget_ms=600_000,
     )
     app = create_app(settings)
     body = {"queries": [{"vector": [1.0] * 12}] * 2, "k": 3}
