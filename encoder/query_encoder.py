@@ -143,11 +143,11 @@ class QueryEncoder:
                 raise EncoderError(
                     f"{CONFIG_FILE}: heads {names} do not match layout {list(self.layout.names)}"
                 )
-            for name, _, w, _, _ in self._heads:
-                if w.shape[0] != self.layout[name].dim:
+            for hd in self._heads:
+                if hd.weight.shape[0] != self.layout[hd.name].dim:
                     raise EncoderError(
-                        f"{HEADS_FILE}: heads.{name}.weight has {w.shape[0]} rows, "
-                        f"layout block {name!r} has dim {self.layout[name].dim}"
+                        f"{HEADS_FILE}: heads.{hd.name}.weight has {hd.weight.shape[0]} rows, "
+                        f"layout block {hd.name!r} has dim {self.layout[hd.name].dim}"
                     )
         self._adapter = None
         if config.get("adapter"):
@@ -239,10 +239,12 @@ class QueryEncoder:
         if self._lexical is not None:
             lex = torch.from_numpy(self._lexical.counts(texts)).to(x.device, x.dtype)
         out = {}
-        for name, kind, w, b, unit_input in self._heads:
-            xin = F.normalize(x, dim=-1) if unit_input else x
-            y = lex * w if kind == "lexical" and lex is not None else F.linear(xin, w, b)
-            out[name] = F.normalize(y, dim=-1)
+        for hd in self._heads:
+            if hd.kind == "lexical" and lex is not None:
+                y = lex * hd.weight
+            else:
+                y = F.linear(F.normalize(x, dim=-1) if hd.normalize_input else x, hd.weight, hd.bias)
+            out[hd.name] = F.normalize(y, dim=-1)
         if self._concat:
             (block,) = self.layout.names
             return {block: F.normalize(torch.cat([out[h.name] for h in self._heads], -1), dim=-1)}

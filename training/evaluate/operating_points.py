@@ -44,7 +44,7 @@ ENTITY_METRIC = "entity_p@10"
 
 _DESCRIPTIONS = {
     "semantic_first": "highest semantic NDCG@10 on the held-out weight sweep (one-SE rule: the most "
-    "semantic-weighted front point within one standard error of the best)",
+    "semantic-weighted swept point within one standard error of the best)",
     "balanced": "front point nearest the best of both (min-max scaled semantic and entity axes)",
     "entity_first": "highest entity precision@10 on the held-out weight sweep within the semantic budget",
 }
