@@ -1,11 +1,12 @@
 """The FastAPI application: :func:`create_app` builds it, the lifespan loads the bundle.
 
-Start-up (lifespan): the registry watcher, the micro-batcher and its worker thread start, and
-the bundle named by settings is loaded *in the background* (read, checksums, engine, encoder,
-warm-up search), so ``/healthz`` answers at once and ``/readyz`` turns 200 only when the
-bundle is servable. Every error, the framework's own included, leaves as one body
-``{"type", "message", "field"}``: domain errors with the status of their class in
-:data:`service.errors.ERROR_KINDS`, one handler registered per class of that table.
+Start-up (lifespan): the loop's pool for blocking work (:mod:`service.blocking`), the registry
+watcher, the micro-batcher and its worker thread start, and the bundle named by settings is
+loaded *in the background* (read, checksums, engine, encoder, warm-up search), so ``/healthz``
+answers at once and ``/readyz`` turns 200 only when the bundle is servable. Every error, the
+framework's own included, leaves as one body ``{"type", "message", "field"}``: domain errors
+with the status of their class in :data:`service.errors.ERROR_KINDS`, one handler registered
+per class of that table.
 
 Run it with ``esp serve --bundle DIR`` or ``uvicorn --factory service.app:create_app``
 (settings from ``ESP_*`` environment variables, :mod:`service.config`).
@@ -25,6 +26,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from service import blocking
 from service.batching import MicroBatcher
 from service.config import Settings, get_settings
 from service.errors import (
@@ -166,6 +168,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     settings: Settings = app.state.settings
     metrics: Metrics = app.state.metrics
     metrics.ready.set(0)
+    pool = await blocking.install(settings.blocking_threads)
     app.state.registry = RegistryWatcher(settings.registry, metrics, settings.registry_poll_seconds)
     app.state.exposure = ExposureLog.from_settings(settings)
     app.state.batcher = MicroBatcher(
@@ -202,6 +205,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         served = app.state.holder.current
         if served is not None:
             served.retire()  # its engine's threads stop with the app
+        blocking.uninstall(pool)
 
 
 def create_app(settings: Settings | None = None) -> FastAPI:

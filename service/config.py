@@ -31,6 +31,12 @@ class Settings(BaseSettings):
     backend: str = Field("auto", description=f"engine backend: {', '.join(['auto', *BACKENDS])}")
     precision: str = Field("float32", description=f"index precision: {', '.join(PRECISIONS)}")
     threads: int | None = Field(None, ge=1, description="engine threads (default: all cores)")
+    blocking_threads: int | None = Field(
+        None,
+        ge=1,
+        description="threads for blocking work off the event loop (reloads, result building, encoding, "
+        "clustering), all started at start-up so the count stays flat (default: min(32, cores + 4))",
+    )
     index: str = Field(
         "exact",
         description="exact (the backend's exhaustive scan) or ivf (approximate weight-aware index: "

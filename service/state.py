@@ -23,16 +23,18 @@ import asyncio
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 
 from service.config import Settings
 from service.engine import Backend, SearchResult
 from service.engine.ann import create_index_engine
+from service.errors import NotReadyError
 from subspace.bundle import Bundle, BundleError, read_bundle, writable_by_others
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
@@ -40,6 +42,11 @@ from subspace.scoring import normalize_blocks
 log = logging.getLogger(__name__)
 
 WARMUP_TEXT = "warm-up query"
+T = TypeVar("T")
+
+
+def _encoder_thread() -> ThreadPoolExecutor:
+    return ThreadPoolExecutor(max_workers=1, thread_name_prefix="esp-encoder")
 
 
 @dataclass(frozen=True, eq=False)
@@ -53,6 +60,7 @@ class ServingState:
     load_seconds: float = 0.0
     loaded_at: float = field(default_factory=time.time)
     _life: _Lifetime = field(default_factory=lambda: _Lifetime(), repr=False)  # noqa: PLW0108 - defined below
+    _encoding: ThreadPoolExecutor = field(default_factory=_encoder_thread, repr=False)
 
     def acquire(self) -> bool:
         """Count one more user; ``False`` (nothing counted) when the state is already closed."""
@@ -88,6 +96,7 @@ class ServingState:
         return self._life.closed
 
     def _close(self) -> None:
+        self._encoding.shutdown(wait=False)  # its thread ends once its last encode returns
         try:
             self.engine.close()
         except Exception:  # closing must never fail a request
@@ -115,6 +124,20 @@ class ServingState:
         if self.encoder is None:
             raise RuntimeError(f"bundle {self.version} has no query encoder")
         return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
+
+    async def in_encoder_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)`` (work that calls the encoder) on this bundle's one encoder thread, the
+        state held meanwhile. One thread, because torch already spreads one encode over every
+        core (two at once only contend), and every thread that runs torch on CPU starts an
+        OpenMP team of its own that lives as long as the thread: here one team per bundle,
+        ended with it, not one per thread of the blocking pool. Searches encode their text
+        queries on the micro-batcher's engine thread instead."""
+        if not self.acquire():  # retired and closed since the caller took it
+            raise NotReadyError("the served bundle was just replaced; retry", retry_after=1.0)
+        try:
+            return await asyncio.wrap_future(self._encoding.submit(fn, *args))
+        finally:
+            self.release()
 
     def search(self, queries: np.ndarray, block_weights: np.ndarray, k: int) -> SearchResult:
         """``queries (nq, D)`` block-normalised, ``block_weights (K,)|(nq, K)`` -> top ``k``."""
@@ -156,7 +179,7 @@ def warm_up(state: ServingState) -> None:
     layout = state.layout
     q = normalize_blocks(np.random.default_rng(0).standard_normal((1, layout.dim)).astype(np.float32), layout)
     if state.encoder is not None:
-        enc = state.encode([WARMUP_TEXT])
+        enc = state._encoding.submit(state.encode, [WARMUP_TEXT]).result()  # its OpenMP team starts now
         if enc.shape != (1, layout.dim) or not np.all(np.isfinite(enc)):
             raise ValueError(f"encoder/: warm-up encode returned shape {enc.shape} or non-finite values")
         q = np.concatenate([q, enc])
@@ -197,6 +220,7 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
         threads=settings.threads,
         max_touched=settings.ann_max_touched,
     )
+    state: ServingState | None = None
     try:
         encoder = _load_encoder(bundle, settings.encoder_device)
         if encoder is not None:
@@ -205,6 +229,8 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
         warm_up(state)
     except BaseException:
         engine.close()  # a refused bundle leaves nothing running
+        if state is not None:
+            state._encoding.shutdown(wait=False)
         raise
     seconds = time.perf_counter() - t0
     log.info(

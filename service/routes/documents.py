@@ -142,7 +142,7 @@ def _fields(body: UpsertRequest, schema: Any) -> list[dict[str, Any]]:
 async def upsert_documents(body: UpsertRequest, state: StateDep) -> UpsertResponse:
     engine = _writable(state)
     fields = _fields(body, engine.metadata_schema)
-    vectors = await asyncio.to_thread(_vectors, body, state)
+    vectors = await state.in_encoder_thread(_vectors, body, state)
     docs = [LiveDocument(d.id, vectors[i], fields[i]) for i, d in enumerate(body.documents)]
     await asyncio.to_thread(engine.upsert, docs)
     return UpsertResponse(

@@ -25,7 +25,6 @@ offsets in the returned vector) and the weights applied (``weights_used``).
 
 from __future__ import annotations
 
-import asyncio
 import base64
 from typing import Annotated, Any, Literal
 
@@ -175,7 +174,7 @@ async def embeddings(
         )
         block_weights, weights_used = resolved.block_weights, resolved.weights_used
         point = resolved.operating_point
-    vectors, tokens = await asyncio.to_thread(_encode, state, texts)
+    vectors, tokens = await state.in_encoder_thread(_encode, state, texts)
     shaped = shape_vectors(vectors, layout, blocks, block_weights)
     data: list[dict[str, Any]] = []
     for i, row in enumerate(shaped):

@@ -7,7 +7,9 @@ method of it), with its threads, its mapping of ``embeddings.npy`` and its memor
 from __future__ import annotations
 
 import os
+import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -70,3 +72,31 @@ def test_many_reloads_leave_threads_files_maps_and_rss_flat(
     assert after["fds"] <= before["fds"] + 2, (before, after)
     assert after["index_maps"] == 0, "the index is served from a private copy, not a shared mapping"
     assert after["rss_kb"] <= before["rss_kb"] * 1.10, (before, after)
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+def test_overlapping_blocking_work_starts_no_thread(
+    tiny_bundle: Path, server_factory: Callable[..., LiveServer]
+) -> None:
+    """Reloads and encodes overlap: the loop's blocking pool has all its threads once the server
+    is ready, and encodes run on the bundle's one encoder thread, so the count does not creep up
+    with the most calls that ever overlapped. Before: asyncio's lazily grown pool (8 -> 9
+    threads in a soak), and an OpenMP team for every pool thread that ever encoded (+5 here)."""
+    server = server_factory(tiny_bundle, token="threads-test-token", threads=2)
+    pid = server.proc.pid
+    with ESPClient(server.url, admin_token=server.token, timeout=120) as c:
+        c.search(QUERIES, k=5)
+        before = process_stats(pid)["threads"]
+
+        def work(i: int) -> None:
+            if i % 4 == 0:
+                c.reload(str(tiny_bundle))
+            else:
+                c.embeddings([f"text {i} {j}" for j in range(32)])
+
+        with ThreadPoolExecutor(max_workers=12) as pool:
+            list(pool.map(work, range(24)))
+    deadline = time.monotonic() + 5.0  # a replaced bundle's encoder thread ends just after its last encode
+    while (after := process_stats(pid)["threads"]) > before and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert after == before, (before, after)
