@@ -13,6 +13,7 @@ import re
 import time
 from typing import Any
 
+from fastapi.routing import iter_route_contexts
 from starlette.routing import compile_path
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -26,9 +27,12 @@ UNMATCHED = "unmatched"
 
 
 def _templates(app: Any) -> list[tuple[re.Pattern[str], str]]:
+    """The app's route paths with their compiled patterns, read from its routes once (not from
+    ``app.openapi()``: generating the document costs about half a second of the event loop, paid
+    by the first request answered before routing)."""
     cached = getattr(app.state, "_route_templates", None)
     if cached is None:
-        paths = [*app.openapi().get("paths", {}), "/metrics"]
+        paths = [r.path for r in iter_route_contexts(app.routes) if isinstance(r.path, str)]
         cached = [(compile_path(p)[0], p) for p in paths]
         app.state._route_templates = cached
     return cached
@@ -37,13 +41,13 @@ def _templates(app: Any) -> list[tuple[re.Pattern[str], str]]:
 def route_template(scope: Scope) -> str:
     """The matched route's path template (bounded label values); ``unmatched`` otherwise.
 
-    Requests answered before routing (413) are matched against the OpenAPI paths.
+    Requests answered before routing (413, an early 429) are matched against the app's routes.
     """
     route = scope.get("route")
     if route is not None and hasattr(route, "path"):
         return str(route.path)
     app = scope.get("app")
-    if app is not None and hasattr(app, "openapi"):
+    if app is not None and hasattr(app, "routes"):
         for regex, template in _templates(app):
             if regex.match(scope.get("path", "")):
                 return template
