@@ -47,6 +47,9 @@ import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
 
+if __package__ in (None, ""):  # run as a script: make the repository importable
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
 from bench import live_server
 from bench.live_server import LiveServer
 from esp_client.client import AsyncESPClient, search_json
