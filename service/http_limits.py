@@ -147,8 +147,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         self._unset_keepalive_if_required()
         if self._in_head:
-            if self._head_timer is None:
-                self._arm_head_timer()
             room = self._limits.max_header_bytes - self._head_bytes
             if len(data) > room:
                 if not self._feed(data[: room + 1]) or self._lingering:
@@ -158,9 +156,23 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                     self._reject(431, f"request line and headers exceed {limit} bytes")
                     return
                 self._feed(data[room + 1 :])
+                self._arm_pending_timer()
                 return
             self._head_bytes += len(data)
-        self._feed(data)
+        if self._feed(data):
+            self._arm_pending_timer()
+
+    def _arm_pending_timer(self) -> None:
+        """A timer for the request these bytes left incomplete, if any: the head's from its
+        first bytes, the body's anew on each. A request that arrived whole (the common case:
+        head and body in one read) arms none."""
+        if self._lingering or self.transport.is_closing():
+            return
+        if self._in_head:
+            if self._head_bytes and self._head_timer is None:
+                self._arm_head_timer()
+        elif self._body_pending:
+            self._arm_body_timer()
 
     def _feed(self, data: bytes) -> bool:
         """Feed the parser; ``False`` when the connection was answered with an error."""
@@ -215,11 +227,6 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         if self.cycle is not None and not isinstance(self.cycle.transport, _LingeringTransport):
             self.cycle.transport = _LingeringTransport(self, self.transport)  # type: ignore[assignment]
         self._body_pending = True
-        self._arm_body_timer()
-
-    def on_body(self, body: bytes) -> None:
-        super().on_body(body)
-        self._arm_body_timer()
 
     def on_message_complete(self) -> None:
         super().on_message_complete()

@@ -4,6 +4,7 @@ body read timeouts, and a lingering close so a client still sending reads its 41
 from __future__ import annotations
 
 import socket
+import time
 import urllib.error
 import urllib.request
 from collections.abc import Callable
@@ -72,6 +73,38 @@ def test_a_body_shorter_than_its_content_length_gets_408(limited: LiveServer) ->
     head = b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     answer = _exchange(limited, head + b'{"queries"')
     assert _status(answer) == 408 and b"request body not received" in answer
+
+
+def test_a_second_request_whose_headers_stall_gets_408(limited: LiveServer) -> None:
+    # the head timer runs per request, not only from the connection's start
+    first = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
+    url = urlparse(limited.url)
+    with socket.create_connection((url.hostname, url.port), timeout=WAIT) as s:
+        s.sendall(first)
+        assert s.recv(65536).startswith(b"HTTP/1.1 200")
+        time.sleep(0.6)
+        s.sendall(b"GET /healthz HTTP/1.1\r\n")  # started, then stalled: 1 s from these bytes
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    assert _status(out) == 408 and b"headers not received" in out
+
+
+def test_a_body_that_keeps_arriving_is_not_timed_out(limited: LiveServer) -> None:
+    # the body timeout counts silence: each chunk within it restarts it, however long the whole takes
+    body = b'{"queries": [{"vector": [' + b", ".join(b"0.5" for _ in range(32)) + b']}], "k": 3}'
+    head = (b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nConnection: close\r\n"
+            b"Content-Length: %d\r\n\r\n" % len(body))
+    url = urlparse(limited.url)
+    with socket.create_connection((url.hostname, url.port), timeout=WAIT) as s:
+        s.sendall(head + body[:10])
+        for start in range(10, len(body), 60):
+            time.sleep(0.4)
+            s.sendall(body[start : start + 60])
+        out = b""
+        while chunk := s.recv(65536):
+            out += chunk
+    assert _status(out) == 200, out[-300:]
 
 
 def test_a_client_that_sends_its_whole_oversized_body_reads_the_413(limited: LiveServer) -> None:
