@@ -46,6 +46,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+import math
 import statistics
 import time
 from collections import deque
@@ -68,6 +69,7 @@ _RECENT_SECONDS = 0.1  # arrivals older than this say nothing about the next one
 _RECENT_MAX = 64  # arrival times kept
 _RATE_BATCHES = 32  # recent batches the throughput is measured over
 _RATE_SECONDS = 5.0  # ... and no older than this
+_WATCH_AFTER = 0.05  # seconds a request waits before its disconnect is watched (a task per request costs)
 _SIZES = 64  # recent request sizes (queries) the mean request is measured over
 
 Receive = Callable[[], Awaitable[dict[str, Any]]]
@@ -261,6 +263,7 @@ class MicroBatcher:
         self._inflight_since = 0.0
         self._arrivals: deque[float] = deque(maxlen=_RECENT_MAX)
         self._batches: deque[tuple[float, int, float]] = deque(maxlen=_RATE_BATCHES)  # (end, nq, seconds)
+        self._rate: tuple[float, float | None] | None = None  # (valid until, seconds per query), cached
         self._sizes: deque[int] = deque(maxlen=_SIZES)
         self.lag = LoopLag()  # the event loop's lag (service.admission), started with the batcher
         self.dropped = 0  # queries dropped because their client went away
@@ -279,11 +282,19 @@ class MicroBatcher:
         self.lag.start()
 
     def seconds_per_query(self, now: float | None = None) -> float | None:
-        """Engine seconds per query over the recent batches (``None`` before any was measured)."""
+        """Engine seconds per query over the recent batches (``None`` before any was measured).
+
+        Asked several times per request, so the figure is kept until a batch ends or the oldest
+        batch it counts ages out of the window.
+        """
         now = time.monotonic() if now is None else now
-        recent = [(n, dt) for end, n, dt in self._batches if now - end <= _RATE_SECONDS]
-        queries = sum(n for n, _ in recent)
-        return sum(dt for _, dt in recent) / queries if queries else None
+        if self._rate is not None and now < self._rate[0]:
+            return self._rate[1]
+        recent = [(end, n, dt) for end, n, dt in self._batches if now - end <= _RATE_SECONDS]
+        queries = sum(n for _, n, _ in recent)
+        value = sum(dt for _, _, dt in recent) / queries if queries else None
+        self._rate = (recent[0][0] + _RATE_SECONDS if recent else math.inf, value)
+        return value
 
     def seconds_per_request(self, now: float | None = None) -> float | None:
         """Engine seconds per request: :meth:`seconds_per_query` times the mean size of the recent
@@ -372,11 +383,19 @@ class MicroBatcher:
         self._wakeup.set()
         if receive is None or not waits:
             return await req.future
-        watcher = loop.create_task(self._watch(req, receive))
+        # Most waits end within a batch or two: only a request still waiting after _WATCH_AFTER
+        # gets a task that listens for its client's disconnect.
+        watchers: list[asyncio.Task[None]] = []
+        def watch() -> None:
+            watchers.append(loop.create_task(self._watch(req, receive)))
+
+        timer = loop.call_later(_WATCH_AFTER, watch)
         try:
             return await req.future
         finally:
-            watcher.cancel()
+            timer.cancel()
+            for watcher in watchers:
+                watcher.cancel()
 
     async def _watch(self, req: Request, receive: Receive) -> None:
         """Drop ``req``'s waiting slices when its client disconnects."""
@@ -501,6 +520,7 @@ class MicroBatcher:
             nq = sum(j.size for j in runnable)
             if nq:
                 self._batches.append((end, nq, end - self._inflight_since))
+                self._rate = None
             answers = dict(zip(map(id, runnable), results, strict=True))
             for job in batch:
                 res = answers.get(id(job), NotReadyError("the bundle was replaced; retry", retry_after=1.0))

@@ -21,6 +21,7 @@ from service.app import create_app
 from service.config import Settings
 from service.routes import deps
 from service.routes import search as search_route
+from service.schemas import SearchRequest
 from subspace.bundle import write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
@@ -204,3 +205,36 @@ def test_the_body_codec_refuses_with_json_loads_messages(raw: bytes) -> None:
     with pytest.raises(json.JSONDecodeError) as want:
         json.loads(raw)
     assert str(got.value) == str(want.value)
+
+
+def test_a_valid_body_calls_the_endpoint_directly_and_answers_as_fastapi_would(
+    app: FastAPI, client: TestClient
+) -> None:
+    route = next(r for r in app.routes if getattr(r, "path", None) == "/v1/search")
+    direct = search_route._DirectCall.of(route.dependant)
+    assert direct is not None
+    assert direct.body_name == "body" and [c for _, c in direct.dependencies] == [deps.search_context]
+    body = _body(weights={"semantic": 0.3, "entity": 1.0})
+    fast = _post(client, body)
+
+    async def same_context(request: Request) -> deps.SearchContext:
+        return await deps.search_context(request)
+
+    app.dependency_overrides[deps.search_context] = same_context  # FastAPI's own handler now
+    try:
+        solved = _post(client, body)
+    finally:
+        app.dependency_overrides.clear()
+    assert fast.status_code == solved.status_code == 200
+    assert fast.content == solved.content
+    assert fast.headers["content-type"] == solved.headers["content-type"]
+
+
+def test_a_route_that_needs_more_than_a_body_and_the_request_is_solved_by_fastapi() -> None:
+    probe = FastAPI()
+
+    async def endpoint(body: SearchRequest, q: int = 0) -> None: ...
+
+    probe.router.add_api_route("/p", endpoint, methods=["POST"], route_class_override=search_route.PydanticJSONRoute)
+    route = probe.routes[-1]
+    assert search_route._DirectCall.of(route.dependant) is None  # a query parameter
