@@ -73,6 +73,12 @@ class LoopLag:
             self._handle.cancel()
         self._handle = self._due = None
 
+    def restart(self) -> None:
+        """Forget the lateness measured so far (a pause made on purpose, before serving)."""
+        self.stop()
+        self.last = 0.0
+        self.start()
+
     def lag(self, now: float | None = None) -> float:
         """Seconds the loop is behind (0 when not started)."""
         if self._due is None:

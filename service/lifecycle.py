@@ -21,6 +21,7 @@ import logging
 from pathlib import Path
 from typing import Any
 
+from service import heap
 from service.config import Settings
 from service.errors import ReloadRefusedError
 from service.metrics import Metrics
@@ -83,6 +84,9 @@ async def load_and_activate(
             if old is None:
                 holder.error = f"bundle at {path} refused: {reason}"
             raise ReloadRefusedError(f"bundle at {path} refused ({kept}): {reason}") from None
+        if old is None:  # the first bundle, before it is served: the start-up heap is complete
+            heap.settle()
+            app_state.batcher.lag.restart()  # that pause was made before serving: no lag to refuse for
         if registry is not None:
             registry.set_bundle(new.bundle)
         holder.swap(new)

@@ -248,6 +248,25 @@ def test_the_loop_lag_is_how_late_the_loop_runs_a_callback_that_was_due() -> Non
     assert idle < blocked
 
 
+def test_a_restarted_loop_lag_forgets_a_pause_made_on_purpose() -> None:
+    from service.admission import LoopLag
+
+    async def run() -> tuple[float, float]:
+        lag = LoopLag(interval=0.005)
+        lag.start()
+        time.sleep(0.1)  # e.g. the heap's one full collection before the first bundle is served
+        await asyncio.sleep(0)
+        await asyncio.sleep(0.001)
+        before = lag.lag()
+        lag.restart()
+        after = lag.lag()
+        lag.stop()
+        return before, after
+
+    before, after = asyncio.run(run())
+    assert before >= 0.09 and after < 0.005
+
+
 def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it_refuses() -> None:
     from service.admission import LIMIT_BACKOFF, LIMIT_WINDOW, AdaptiveLimit
 
