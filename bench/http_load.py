@@ -22,7 +22,7 @@ engine's work per query grows with the corpus, so the ratio climbs with it; ``cr
 reports the ratio per size at the goal concurrency and where it first reaches the goal
 (log-linear between the two sizes around it, an estimate from these sizes only).
 
-    python bench/http_load.py                      # synthetic bundle like the demo's (24,884 x 384)
+    python bench/http_load.py                      # synthetic bundle, the demo's 24,884 docs x 384 dims
     python bench/http_load.py --docs 24884,250000,1000000 --concurrency 1,32 --modes batching
     python bench/http_load.py --bundle artifacts/demo/bundle --concurrency 1,32 --clients raw,httpx
 """
