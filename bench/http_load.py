@@ -22,9 +22,16 @@ engine's work per query grows with the corpus, so the ratio climbs with it; ``cr
 reports the ratio per size at the goal concurrency and where it first reaches the goal
 (log-linear between the two sizes around it, an estimate from these sizes only).
 
+With ``--against DIR`` (another checkout of this repository, e.g. a worktree of an earlier
+commit) each corpus also gets ``against``: this checkout's server and DIR's, alternating for
+``--rounds`` rounds at the goal concurrency (batching, raw client), each round a fresh server of
+each, and the ratio per round and its median: what a change costs, measured in one run.
+
     python bench/http_load.py                      # synthetic bundle, the demo's 24,884 docs x 384 dims
     python bench/http_load.py --docs 24884,250000,1000000 --concurrency 1,32 --modes batching
     python bench/http_load.py --bundle artifacts/demo/bundle --concurrency 1,32 --clients raw,httpx
+    git worktree add ../esp-old <commit>           # an earlier checkout, then, in the same run:
+    python bench/http_load.py --bundle B --modes batching --concurrency 32 --against ../esp-old
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench import live_server
+from bench._common import median
 from bench.live_server import LiveServer
 from esp_client.client import AsyncESPClient, search_json
 from service.engine import create_engine
@@ -143,7 +151,9 @@ def ceiling(queries: np.ndarray, args: argparse.Namespace, concurrency: int, log
     return out
 
 
-def start_server(bundle: Path, args: argparse.Namespace, batching: bool, log: Path) -> LiveServer:
+def start_server(
+    bundle: Path, args: argparse.Namespace, batching: bool, log: Path, pythonpath: Path | None = None
+) -> LiveServer:
     """``esp serve`` with this run's backend and batching options, quiet (no access log).
 
     Admission is out of reach (a latency objective of an hour, an in-flight limit of the whole
@@ -160,7 +170,9 @@ def start_server(bundle: Path, args: argparse.Namespace, batching: bool, log: Pa
         "max_inflight_searches": 4096,
     }
     flags = ["--log-level", "warning", "--no-access-log", *([] if batching else ["--no-batching"])]
-    return live_server.start_server(bundle, log, settings=settings, args=flags, ready_timeout=300)
+    return live_server.start_server(
+        bundle, log, settings=settings, args=flags, ready_timeout=300, pythonpath=pythonpath
+    )
 
 
 class RawConnection:
@@ -344,6 +356,62 @@ def engine_qps(
     return batch * calls / (time.perf_counter() - t0), cpu_ms
 
 
+def measure_level(
+    server: LiveServer, queries: np.ndarray, args: argparse.Namespace, client: str, concurrency: int
+) -> dict[str, Any]:
+    """One :func:`load_level` on ``server`` with its mean micro-batch and CPU per request."""
+    url, pid = server.url, server.proc.pid
+    before, cpu_before = batch_totals(url), process_cpu_seconds(pid)
+    loop_before = process_cpu_seconds(pid, thread=pid)
+    level = {"concurrency": concurrency, "requests": args.requests, "seconds": args.seconds, "k": args.k}
+    r = asyncio.run(load_level(url, queries, client=client, per_request=args.queries_per_request, **level))
+    after, cpu_after = batch_totals(url), process_cpu_seconds(pid)
+    loop_after = process_cpu_seconds(pid, thread=pid)
+    calls = after[1] - before[1]
+    served = max(1, r["requests"] + r["failures"])
+    r.update(
+        mean_batch=round((after[0] - before[0]) / calls, 2) if calls else None,
+        server_cpu_ms_per_request=(
+            round(1000 * (cpu_after - cpu_before) / served, 3) if cpu_after >= 0 else None
+        ),
+        # The event loop's share (HTTP, parsing, validation, responses; the engine runs
+        # on other threads): the fixed cost per request the ratio is fighting.
+        server_loop_cpu_ms_per_request=(
+            round(1000 * (loop_after - loop_before) / served, 3) if loop_after >= 0 else None
+        ),
+    )
+    return r
+
+
+def compare_trees(
+    bundle: Path, args: argparse.Namespace, queries: np.ndarray, concurrency: int, tmp: Path
+) -> dict[str, Any]:
+    """This checkout's server against the one of the checkout ``args.against`` (its code first on
+    the server's ``PYTHONPATH``), same bundle, batching on, raw client, ``args.rounds`` rounds of
+    one level each, the two alternating and each a fresh server: a change's cost in the same run.
+    Settings the other checkout does not know are ignored by it."""
+    rounds = []
+    for i in range(args.rounds):
+        qps: dict[str, dict[str, Any]] = {}
+        for name, path in (("this", None), ("other", args.against)):
+            with start_server(bundle, args, True, tmp / f"{name}-{i}.log", pythonpath=path) as server:
+                qps[name] = measure_level(server, queries, args, "raw", concurrency)
+        rounds.append({
+            "this_qps": qps["this"]["qps"],
+            "other_qps": qps["other"]["qps"],
+            "ratio": round(qps["this"]["qps"] / qps["other"]["qps"], 3),
+            "this_loop_cpu_ms_per_request": qps["this"]["server_loop_cpu_ms_per_request"],
+            "other_loop_cpu_ms_per_request": qps["other"]["server_loop_cpu_ms_per_request"],
+        })
+    return {
+        "other": str(args.against),
+        "concurrency": concurrency,
+        "client": "raw",
+        "rounds": rounds,
+        "ratio_median": round(median([r["ratio"] for r in rounds]), 3),
+    }
+
+
 def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tmp: Path) -> dict[str, Any]:
     """Engine q/s at each level's batch, then every mode x client x level over HTTP, on one bundle."""
     b = read_bundle(bundle, verify_checksums=False)
@@ -358,39 +426,8 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
     results: list[dict[str, Any]] = []
     for mode in args.modes.split(","):
         with start_server(bundle, args, mode == "batching", tmp / f"{mode}.log") as server:
-            url, pid = server.url, server.proc.pid
             for client, c in itertools.product(args.clients.split(","), levels):
-                before, cpu_before = batch_totals(url), process_cpu_seconds(pid)
-                loop_before = process_cpu_seconds(pid, thread=pid)
-                r = asyncio.run(
-                    load_level(
-                        url,
-                        queries,
-                        concurrency=c,
-                        requests=args.requests,
-                        seconds=args.seconds,
-                        k=args.k,
-                        client=client,
-                        per_request=args.queries_per_request,
-                    )
-                )
-                after, cpu_after = batch_totals(url), process_cpu_seconds(pid)
-                loop_after = process_cpu_seconds(pid, thread=pid)
-                calls = after[1] - before[1]
-                served = max(1, r["requests"] + r["failures"])
-                r.update(
-                    mode=mode,
-                    mean_batch=round((after[0] - before[0]) / calls, 2) if calls else None,
-                    server_cpu_ms_per_request=(
-                        round(1000 * (cpu_after - cpu_before) / served, 3) if cpu_after >= 0 else None
-                    ),
-                    # The event loop's share (HTTP, parsing, validation, responses; the engine runs
-                    # on other threads): the fixed cost per request the ratio is fighting.
-                    server_loop_cpu_ms_per_request=(
-                        round(1000 * (loop_after - loop_before) / served, 3) if loop_after >= 0 else None
-                    ),
-                )
-                results.append(r)
+                results.append({**measure_level(server, queries, args, client, c), "mode": mode})
     # Measured again after the servers: on a shared machine the engine's share of the cores
     # drifts; the ratio uses the mean of both and both are reported.
     eng_after = {c: engine_qps(bundle, args, queries, batch_of[c]) for c in levels}
@@ -415,6 +452,11 @@ def measure_corpus(bundle: Path, args: argparse.Namespace, levels: list[int], tm
         "engine_batch": batch_of,
         "levels": results,
         "noop_ceiling_rps": (ceiling(queries, args, max(levels), tmp / "noop.log") if args.ceiling else None),
+        "against": (
+            compare_trees(bundle, args, queries, goal_concurrency(args, levels), tmp)
+            if args.against is not None
+            else None
+        ),
     }
 
 
@@ -450,6 +492,11 @@ def crossover(
         "by_docs": points,
         "docs_estimate": None if estimate is None else round(estimate),
     }
+
+
+def goal_concurrency(args: argparse.Namespace, levels: list[int]) -> int:
+    """``--goal-concurrency`` when it is one of the levels, else the top level."""
+    return int(args.goal_concurrency if args.goal_concurrency in levels else max(levels))
 
 
 def int_list(text: str) -> list[int]:
@@ -509,8 +556,17 @@ def main(argv: list[str] | None = None) -> int:
         "cost) and/or httpx (the SDK, esp_client, on httpx's default transport: what a Python "
         "caller sees, its own CPU included)",
     )
+    p.add_argument(
+        "--against",
+        type=Path,
+        help="another checkout of this repository (e.g. a git worktree of an earlier commit): its "
+        "server is measured against this one's at the goal concurrency, alternating, in each corpus",
+    )
+    p.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = p.parse_args(argv)
     levels: list[int] = args.concurrency
+    if args.against is not None and not (args.against / "esp_cli").is_dir():
+        p.error(f"--against: {args.against} is not a checkout of this repository (no esp_cli/)")
     unknown = set(args.clients.split(",")) - set(CLIENTS)
     if unknown:
         p.error(f"--clients: unknown {sorted(unknown)}; choose from {', '.join(CLIENTS)}")
@@ -522,7 +578,7 @@ def main(argv: list[str] | None = None) -> int:
         with tempfile.TemporaryDirectory(prefix="esp-http-load-") as tmp:
             bundle = args.bundle if docs is None else synthetic_bundle(Path(tmp), docs)
             corpora.append(measure_corpus(bundle, args, levels, Path(tmp)))
-    goal_c = args.goal_concurrency if args.goal_concurrency in levels else max(levels)
+    goal_c = goal_concurrency(args, levels)
     first = corpora[0]
     print(
         json.dumps(

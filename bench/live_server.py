@@ -140,12 +140,14 @@ def start_server(
     registry: Path | None = None,
     args: Sequence[str] = (),
     ready_timeout: float = 90.0,
+    pythonpath: Path | None = None,
 ) -> LiveServer:
     """``esp serve --bundle bundle`` on a free loopback port; returns once ``/readyz`` is 200.
 
     ``settings``: name -> value, passed as ``ESP_<NAME>`` (``None`` values left out, so the
     service default applies); ``token``: ``ESP_ADMIN_TOKEN``; ``registry``: ``ESP_REGISTRY``;
-    ``args``: extra ``esp serve`` arguments (``--no-batching``, ``--log-level warning``, ...).
+    ``args``: extra ``esp serve`` arguments (``--no-batching``, ``--log-level warning``, ...);
+    ``pythonpath``: serve the code of that checkout instead of this one (first on ``PYTHONPATH``).
     Stops the server and raises, quoting its log, when it exits or is not ready in time.
     """
     port = free_port()
@@ -156,6 +158,8 @@ def start_server(
         env["ESP_REGISTRY"] = str(Path(registry).absolute())
     cmd = [sys.executable, "-m", "esp_cli", "serve", "--bundle", str(Path(bundle).absolute()),
            "--host", LOOPBACK, "--port", str(port), *args]
+    if pythonpath is not None:
+        env["PYTHONPATH"] = str(Path(pythonpath).absolute())
     started = spawn("esp-serve", cmd, log_path, f"http://{LOOPBACK}:{port}", env=child_env(env))
     server = LiveServer(started.name, started.url, started.proc, started.log_path, bundle, token)
     try:
