@@ -392,16 +392,17 @@ def compare_trees(
     Settings the other checkout does not know are ignored by it."""
     rounds = []
     for i in range(args.rounds):
-        qps: dict[str, dict[str, Any]] = {}
+        level: dict[str, dict[str, Any]] = {}
         for name, path in (("this", None), ("other", args.against)):
             with start_server(bundle, args, True, tmp / f"{name}-{i}.log", pythonpath=path) as server:
-                qps[name] = measure_level(server, queries, args, "raw", concurrency)
+                level[name] = measure_level(server, queries, args, "raw", concurrency)
+        this, other = level["this"], level["other"]
         rounds.append({
-            "this_qps": qps["this"]["qps"],
-            "other_qps": qps["other"]["qps"],
-            "ratio": round(qps["this"]["qps"] / qps["other"]["qps"], 3),
-            "this_loop_cpu_ms_per_request": qps["this"]["server_loop_cpu_ms_per_request"],
-            "other_loop_cpu_ms_per_request": qps["other"]["server_loop_cpu_ms_per_request"],
+            "this_qps": this["qps"],
+            "other_qps": other["qps"],
+            "ratio": round(this["qps"] / other["qps"], 3),
+            "this_loop_cpu_ms_per_request": this["server_loop_cpu_ms_per_request"],
+            "other_loop_cpu_ms_per_request": other["server_loop_cpu_ms_per_request"],
         })
     return {
         "other": str(args.against),
@@ -567,6 +568,8 @@ def main(argv: list[str] | None = None) -> int:
     levels: list[int] = args.concurrency
     if args.against is not None and not (args.against / "esp_cli").is_dir():
         p.error(f"--against: {args.against} is not a checkout of this repository (no esp_cli/)")
+    if args.rounds < 1:
+        p.error(f"--rounds must be at least 1, got {args.rounds}")
     unknown = set(args.clients.split(",")) - set(CLIENTS)
     if unknown:
         p.error(f"--clients: unknown {sorted(unknown)}; choose from {', '.join(CLIENTS)}")

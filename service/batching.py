@@ -385,16 +385,18 @@ class MicroBatcher:
             return await req.future
         # Most waits end within a batch or two: only a request still waiting after _WATCH_AFTER
         # gets a task that listens for its client's disconnect.
-        watchers: list[asyncio.Task[None]] = []
+        watcher: asyncio.Task[None] | None = None
+
         def watch() -> None:
-            watchers.append(loop.create_task(self._watch(req, receive)))
+            nonlocal watcher
+            watcher = loop.create_task(self._watch(req, receive))
 
         timer = loop.call_later(_WATCH_AFTER, watch)
         try:
             return await req.future
         finally:
             timer.cancel()
-            for watcher in watchers:
+            if watcher is not None:
                 watcher.cancel()
 
     async def _watch(self, req: Request, receive: Receive) -> None:

@@ -1,9 +1,9 @@
 """The event loop's pool for blocking work, fixed in size and started whole (docs/architecture.md).
 
-``asyncio.to_thread`` and ``run_in_executor(None, ...)`` (reloads, registry checks, result
+``asyncio.to_thread`` and ``run_in_executor(None, ...)`` (registry checks, rollout polls, result
 building, upserts, query encoding, clustering) run on the loop's default executor. asyncio's own
 starts a thread only when a call finds none idle, so the thread count of a serving process drifts
-up with the most blocking calls that ever overlapped (a reload during a registry check) and an
+up with the most blocking calls that ever overlapped (a rollout poll during a registry check) and an
 operator watching it cannot tell growth from a leak. This pool has ``size`` threads from start-up
 to shutdown: the count is flat by construction, and a burst of blocking work waits for a thread
 instead of adding one.

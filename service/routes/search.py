@@ -22,6 +22,7 @@ import asyncio
 import inspect
 import json
 import time
+import typing
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
 from typing import Any
@@ -94,8 +95,13 @@ class _DirectCall:
     @classmethod
     def of(cls, dependant: Dependant) -> _DirectCall | None:
         """The plan for ``dependant``, or None when it needs anything else (query, header or
-        cookie parameters, a sub-dependency, a generator, background tasks, security)."""
-        if not _needs_only(dependant, body=True) or not inspect.iscoroutinefunction(dependant.call):
+        cookie parameters, a sub-dependency, a generator, background tasks, security) or does
+        not return a :class:`Response` itself (FastAPI would serialise what it returns)."""
+        call = dependant.call
+        if not _needs_only(dependant, body=True) or not inspect.iscoroutinefunction(call):
+            return None
+        returns = typing.get_type_hints(call).get("return")
+        if not (isinstance(returns, type) and issubclass(returns, Response)):
             return None
         dependencies = []
         for sub in dependant.dependencies:

@@ -238,3 +238,9 @@ def test_a_route_that_needs_more_than_a_body_and_the_request_is_solved_by_fastap
     probe.router.add_api_route("/p", endpoint, methods=["POST"], route_class_override=search_route.PydanticJSONRoute)
     route = probe.routes[-1]
     assert search_route._DirectCall.of(route.dependant) is None  # a query parameter
+
+    async def returns_content(body: SearchRequest) -> dict[str, Any]:
+        return {}
+
+    probe.router.add_api_route("/d", returns_content, methods=["POST"], route_class_override=search_route.PydanticJSONRoute)
+    assert search_route._DirectCall.of(probe.routes[-1].dependant) is None  # FastAPI serialises its result
