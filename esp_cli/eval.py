@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="esp-eval-") as tmp:
         work = Path(args.work_dir) if args.work_dir else (Path(tmp) if args.quick else Path("artifacts/eval"))
         ctx = prepare(cfg, data_dir, work)
-        n_runs = sum(len(cfg.seeds) * len(cfg.schedule()) for s in cfg.methods.values() if not s.zero_shot)
+        n_runs = sum(len(cfg.seeds) * len(cfg.schedule()) for s in cfg.methods.values() if s.trained)
         done = [0]
 
         def progress(r: object) -> None:

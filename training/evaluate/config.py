@@ -24,15 +24,41 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
+class HybridSpec(_Strict):
+    """An untrained BM25 + zero-shot-trunk hybrid (:mod:`training.evaluate.hybrid`)."""
+
+    fusion: Literal["minmax", "rrf"] = "minmax"
+    k1: float = Field(default=0.9, gt=0)
+    b: float = Field(default=0.4, ge=0, le=1)
+    stopwords: str | None = Field(default="en", description="bm25s stop-word list ('en') or null")
+    depth: int | None = Field(default=None, ge=1,
+                              description="fuse each retriever's top `depth` (null: the whole corpus)")
+    alpha_step: float = Field(default=0.05, gt=0, le=1, description="minmax: the BM25 weight's sweep grid")
+    rrf_k: float = Field(default=60.0, gt=0)
+
+
 class MethodSpec(_Strict):
     label: str
     zero_shot: bool = False
+    hybrid: HybridSpec | None = Field(
+        default=None, description="an untrained BM25 + zero-shot hybrid (no training; the anchor row)")
     overrides: dict[str, Any] = Field(default_factory=dict)
     seeds: list[int] | None = Field(
         default=None, description="train only these of the eval seeds (ablation rows); null = all")
     objectives: dict[str, dict[str, Any]] = Field(
         default_factory=dict,
         description="per-objective overrides by name, deep-merged into the base objectives (ablations)")
+
+    @property
+    def trained(self) -> bool:
+        """False for the references that need no training: the zero-shot trunk and hybrids."""
+        return not self.zero_shot and self.hybrid is None
+
+    @model_validator(mode="after")
+    def _one_kind(self) -> MethodSpec:
+        if self.zero_shot and self.hybrid is not None:
+            raise ValueError("a method is zero_shot or hybrid, not both")
+        return self
 
 
 class ClusterMethod(_Strict):
@@ -80,7 +106,7 @@ class EvalConfig(_Strict):
         if self.front_method not in self.methods:
             raise ValueError(
                 f"front_method {self.front_method!r} is not a method; allowed: {sorted(self.methods)}")
-        if self.methods[self.front_method].zero_shot:
+        if not self.methods[self.front_method].trained:
             raise ValueError(f"front_method {self.front_method!r} must be a trained method")
         for name in self.methods:
             self.training_config(name)  # every method's merged config must validate

@@ -44,6 +44,11 @@ def _mean(d: Mapping[str, float]) -> float:
     return float(np.mean(list(d.values()))) if d else math.nan
 
 
+def _weighted(values: Sequence[float], weights: Sequence[int]) -> float:
+    """Weighted mean; NaN when nothing was weighed (a method without an intent hold-out)."""
+    return float(np.average(values, weights=weights)) if sum(weights) > 0 else math.nan
+
+
 def pool_queries(per_run: Sequence[Mapping[str, float]]) -> dict[str, float]:
     """Per-query mean over the runs that scored the query: ``[{qid: v}] -> {qid: mean v}``."""
     acc: dict[str, list[float]] = defaultdict(list)
@@ -76,9 +81,8 @@ def seed_metrics(group: Sequence[Run], n_classes: int) -> dict[str, float]:
         "n_entity_queries": float(len(ent)),
         "intent_f1": macro_f1(true, pred, list(range(n_classes))) if pred else math.nan,
         "n_intent_predictions": float(len(pred)),
-        "agreement@10": float(np.average([r.result.agreement for r in group], weights=n_test)),
-        "agreement@10_intent_block": float(
-            np.average([r.result.agreement_intent_only for r in group], weights=n_test)),
+        "agreement@10": _weighted([r.result.agreement for r in group], n_test),
+        "agreement@10_intent_block": _weighted([r.result.agreement_intent_only for r in group], n_test),
         "tau_sem_ent": float(np.nanmean([r.result.tau for r in group])) if any(
             math.isfinite(r.result.tau) for r in group) else math.nan,
     }
@@ -190,6 +194,7 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     cross = {s: cross_fitted_points(fpm["groups"][s], front_layout) for s in fpm["seeds"]}
 
     paired = paired_tests(per_method, cross, cfg)
+    anchor = anchor_comparison(per_method, mean_curve, cfg)
 
     # ---- diagnostics from the step logs ------------------------------------------------------
     logs: dict[str, list[StepLog]] = {}
@@ -207,7 +212,9 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     for m, pm in per_method.items():
         xs = [pm["per_seed"][s][X] for s in pm["seeds"]]
         ys = [pm["per_seed"][s][Y] for s in pm["seeds"]]
-        points[label[m] + (" (default weights)" if any(pm["curves"].values()) else "")] = (
+        suffix = (" (cross-fitted alpha)" if cfg.methods[m].hybrid is not None
+                  else " (default weights)" if any(pm["curves"].values()) else "")
+        points[label[m] + suffix] = (
             mean_std(xs)[0], mean_std(ys)[0], mean_std(xs)[1], mean_std(ys)[1])
     sweeps, fronts = {}, {}
     for m, pm in per_method.items():
@@ -235,6 +242,7 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
         "operating_points": op_points,
         "operating_points_cross_fitted": {str(s): v for s, v in cross.items()},
         "paired_tests": paired,
+        "anchor": anchor,
         "diagnostics": diag,
         "clustering": clustering,
         "data_conflict_tau": data_conflict(ctx),
@@ -260,7 +268,7 @@ def paired_tests(per_method: Mapping[str, Any], cross: Mapping[Any, Any], cfg: A
     fm = cfg.front_method
     fpm = per_method[fm]
     out: list[dict[str, Any]] = []
-    zero = [m for m in per_method if cfg.methods[m].zero_shot]
+    zero = [m for m in per_method if not cfg.methods[m].trained]
     names = sorted({n for s in fpm["seeds"] for n in cross.get(s, {})})
     for name in names:
         for metric in (X, Y):
@@ -277,6 +285,36 @@ def paired_tests(per_method: Mapping[str, Any], cross: Mapping[Any, Any], cfg: A
             t = paired_test(_per_query(fpm, metric), _per_query(per_method[m], metric))
             out.append({"a": f"{cfg.methods[fm].label}, default weights", "b": cfg.methods[m].label,
                         "metric": metric, **t.to_dict()})
+    return out
+
+
+def anchor_comparison(per_method: Mapping[str, Any], mean_curve: Sequence[Mapping[str, Any]],
+                      cfg: Any) -> dict[str, dict[str, Any]]:
+    """Each hybrid against the front method's mean sweep: the hybrid's best-NDCG@10 sweep point,
+    whether some ESP sweep point is at least as good on both axes there (and the ESP point with the
+    best entity P@10 among those), the cross-fitted alpha per year, and the two hypervolumes."""
+    fm = cfg.front_method
+    esp = _curve_xy(mean_curve)
+    out: dict[str, dict[str, Any]] = {}
+    for m, pm in per_method.items():
+        if cfg.methods[m].hybrid is None:
+            continue
+        curve = pm["curves"][pm["seeds"][0]]
+        row: dict[str, Any] = {
+            "hypervolume": float(np.mean(pm["hv"])),
+            "front_hypervolume": float(np.mean(per_method[fm]["hv"])),
+            "alpha_used_on": {r.heldout_year: r.timings.get("alpha") for r in pm["groups"][pm["seeds"][0]]}}
+        if curve:
+            xy = _curve_xy(curve)
+            best = int(np.lexsort((-xy[:, 1], -xy[:, 0]))[0])
+            row["best"] = {"weights": curve[best]["weights"], X: float(xy[best, 0]), Y: float(xy[best, 1])}
+            at_least = [i for i in range(len(esp)) if esp[i, 0] >= xy[best, 0] and esp[i, 1] >= xy[best, 1]]
+            row["esp_dominates_best"] = bool(at_least)
+            if at_least:
+                i = max(at_least, key=lambda j: (esp[j, 1], esp[j, 0]))
+                row["esp_point"] = {"weights": mean_curve[i]["weights"],
+                                    X: float(esp[i, 0]), Y: float(esp[i, 1])}
+        out[m] = row
     return out
 
 
@@ -557,6 +595,8 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
             "seed std of the two: " + "; ".join(lines_hv) + ".")
         add("")
 
+    lines.extend(_anchor_section(cfg, per_method, results))
+
     # ---- conflict and geometry
     add("## Conflict proxy and effective rank")
     add("")
@@ -652,3 +692,44 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
         "BERT and a data slice.")
     add("")
     return "\n".join(lines)
+
+
+def _anchor_section(cfg: Any, per_method: Mapping[str, Any], results: Mapping[str, Any]) -> list[str]:
+    """The comparison a user makes before adopting ESP: BM25 + zero-shot hybrids (no training)."""
+    anchor = results.get("anchor") or {}
+    if not anchor:
+        return []
+    fm = cfg.front_method
+    lines = ["## The anchor: BM25 + zero-shot hybrids", ""]
+    lines.append(
+        "What users of Weaviate, Qdrant, Milvus, Vespa or Elasticsearch run without training: BM25 (`bm25s`, "
+        "Lucene variant) and the zero-shot trunk, fused per query (`training.evaluate.hybrid`). A min-max "
+        "hybrid's row uses the BM25 weight alpha with the best NDCG@10 on the other held-out year "
+        "(cross-fitted); its whole alpha sweep is its front, in the hypervolume and the plot. "
+        "\"Best point\" is the hybrid's best-NDCG@10 alpha on all queries; the ESP column is the point "
+        f"of the {cfg.methods[fm].label} mean sweep that is at least as good on both axes there, "
+        "if one exists.")
+    lines.append("")
+    rows = []
+    for m, a in anchor.items():
+        spec = cfg.methods[m].hybrid
+        params = f"{spec.fusion}, k1 {spec.k1}, b {spec.b}"
+        if spec.fusion == "rrf":
+            params += f", RRF k {spec.rrf_k:g}"
+        alpha = ", ".join(f"{y}: {v:.2f}" for y, v in a["alpha_used_on"].items()
+                          if v is not None and math.isfinite(v)) or "-"
+        best = a.get("best")
+        best_txt = (f"alpha {best['weights'].get('bm25', math.nan):.2f}: {best[X]:.3f} / {best[Y]:.3f}"
+                    if best else "-")
+        esp_pt = a.get("esp_point")
+        esp_txt = ("none" if best and not esp_pt else "-" if not best else
+                   ", ".join(f"{k}={v:.1f}" for k, v in esp_pt["weights"].items())
+                   + f": {esp_pt[X]:.3f} / {esp_pt[Y]:.3f}")
+        rows.append([cfg.methods[m].label, params, alpha, best_txt, esp_txt,
+                     f"{a['front_hypervolume'] - a['hypervolume']:+.4f}"])
+    lines.append(markdown_table(["hybrid", "fusion", "cross-fitted alpha (scored year: alpha)",
+                                 "best point (NDCG@10 / entity P@10)",
+                                 f"{cfg.methods[fm].label} at least as good",
+                                 "front hypervolume - hybrid's"], rows))
+    lines.append("")
+    return lines

@@ -12,11 +12,14 @@ Protocol (written into the report):
   folds the trainer's fixed ~20% hash hold-out is used.
 - The zero-shot trunk needs no training; per fold its intent classifier is the nearest class
   centroid of the fold's training ORCAS-I queries.
+- A hybrid (BM25 + the zero-shot trunk, :mod:`training.evaluate.hybrid`) needs no training either;
+  its row uses the fusion weight chosen on the other held-out year.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -66,6 +69,8 @@ class Context:
     trunk_path: str | None
     features: Features | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    #: BM25 parameters -> year -> (nq, N) scores, shared by the hybrids
+    bm25: dict[tuple[Any, ...], dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 def intent_config(cfg: EvalConfig) -> dict[str, Any]:
@@ -208,6 +213,68 @@ def zero_shot_runs(ctx: Context, method: str) -> list[Run]:
     return runs
 
 
+def hybrid_runs(ctx: Context, method: str) -> list[Run]:
+    """An untrained BM25 + zero-shot hybrid, one run per held-out year (needs the features of a
+    first run). A min-max hybrid carries its alpha sweep (its front); its own row is scored at the
+    alpha with the best NDCG@10 on the *other* year (cross-fitted). RRF has one point."""
+    from training.evaluate import hybrid as hy
+
+    if ctx.features is None:
+        raise RuntimeError("hybrid evaluation needs the features loaded by a trained run first")
+    spec = ctx.cfg.methods[method].hybrid
+    assert spec is not None
+    t0 = time.perf_counter()
+    zs = ZeroShot(hidden=int(ctx.timings["hidden_size"]))
+    corpus = zs.embed(ctx.features.corpus)
+    key = (spec.k1, spec.b, spec.stopwords)
+    if key not in ctx.bm25:
+        scorer = hy.BM25Scorer(k1=spec.k1, b=spec.b, stopwords=spec.stopwords)
+        ctx.bm25[key] = {y: scorer.scores(ctx.bench.texts, list(q.values()))
+                         for y, q in ctx.bench.queries.items()}
+    years = list(dict.fromkeys(ctx.cfg.heldout_years))
+    depth = spec.depth or len(corpus)
+    sweeps: dict[str, list[dict[str, Any]]] = {}
+    for year in years:
+        qids = list(ctx.bench.queries[year])
+        dense = zs.embed(np.stack([ctx.features.queries[q] for q in qids])) @ corpus.T
+        bm25 = ctx.bm25[key][year]
+        if spec.fusion == "minmax":
+            sweeps[year] = hy.minmax_sweep(ctx.bench, year, qids, bm25, dense,
+                                           alphas=hy.alpha_grid(spec.alpha_step), depth=depth)
+        else:
+            m = hy.score_fused(ctx.bench, year, qids,
+                               hy.rrf_lists(bm25, depth, spec.rrf_k) + hy.rrf_lists(dense, depth, spec.rrf_k))
+            sweeps[year] = [{"weights": {}, "ndcg": m.ndcg, "entity_p": m.entity_p}]
+    runs: list[Run] = []
+    for year in years:
+        others = [y for y in years if y != year]
+        point = sweeps[year][0]
+        if spec.fusion == "minmax":
+            alpha = hy.best_alpha(sweeps[others[0]] if others else sweeps[year])
+            point = next(p for p in sweeps[year] if math.isclose(p["weights"][hy.BM25], alpha, abs_tol=1e-9))
+        ev = ModelEval(ndcg=point["ndcg"], entity_p=point["entity_p"], intent_true=[], intent_pred=[],
+                       agreement=math.nan, agreement_intent_only=math.nan, tau=math.nan, erank={},
+                       sweep=sweeps[year] if spec.fusion == "minmax" else [])
+        alpha_used = float(point["weights"].get(hy.BM25, math.nan))
+        runs.append(Run(method, None, year, None, [], ev, None,
+                        {"eval_s": time.perf_counter() - t0, "alpha": alpha_used}, None))
+    log.info("%s: NDCG@10 %.3f, entity P@10 %.3f", method,
+             np.mean([v for r in runs for v in r.result.ndcg.values()]),
+             np.mean([v for r in runs for v in r.result.entity_p.values()]))
+    return runs
+
+
+def reference_runs(ctx: Context) -> list[Run]:
+    """Every untrained method: the zero-shot trunk and the hybrids."""
+    runs: list[Run] = []
+    for name, spec in ctx.cfg.methods.items():
+        if spec.zero_shot:
+            runs.extend(zero_shot_runs(ctx, name))
+        elif spec.hybrid is not None:
+            runs.extend(hybrid_runs(ctx, name))
+    return runs
+
+
 def run_all(ctx: Context, progress: Any = None, on_seed: Any = None) -> list[Run]:
     """Every trained method x seed x scheduled run (year, intent fold), seed by seed (so a partial
     report can be written after each seed), the zero-shot runs right after the first trained run.
@@ -216,7 +283,7 @@ def run_all(ctx: Context, progress: Any = None, on_seed: Any = None) -> list[Run
     """
     cfg = ctx.cfg
     runs: list[Run] = []
-    trained = [m for m, s in cfg.methods.items() if not s.zero_shot]
+    trained = [m for m, s in cfg.methods.items() if s.trained]
     # The front method first: its first run loads the shared features.
     trained.sort(key=lambda m: m != cfg.front_method)
     for seed in cfg.seeds:
@@ -229,9 +296,7 @@ def run_all(ctx: Context, progress: Any = None, on_seed: Any = None) -> list[Run
                 if progress is not None:
                     progress(runs[-1])
                 if len(runs) == 1:
-                    for zs, spec in cfg.methods.items():
-                        if spec.zero_shot:
-                            runs.extend(zero_shot_runs(ctx, zs))
+                    runs.extend(reference_runs(ctx))
         if on_seed is not None:
             on_seed(seed, list(runs))
     return runs

@@ -58,14 +58,20 @@ def test_report_has_every_section_and_method(quick_run: tuple[Path, Path]) -> No
 def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
     out, _ = quick_run
     res = json.loads((out / "esp-bench.json").read_text())
-    assert set(res["methods"]) == set(yaml.safe_load(CONFIG.read_text())["methods"])
-    for m in res["methods"].values():
+    methods = yaml.safe_load(CONFIG.read_text())["methods"]
+    assert set(res["methods"]) == set(methods)
+    hybrids = {name for name, spec in methods.items() if "hybrid" in spec}
+    assert hybrids, "the evaluation carries the BM25 + zero-shot anchor"
+    for name, m in res["methods"].items():
         for row in m["per_seed"].values():
             assert 0.0 <= row["ndcg@10"] <= 1.0 and 0.0 <= row["entity_p@10"] <= 1.0
             assert row["n_queries"] == 8  # 4 per year in the quick slice, each scored once
             # stratified k-fold: every ORCAS-I query of the slice gets exactly one out-of-fold prediction
-            assert row["n_intent_predictions"] == res["protocol"]["orcas_total"]
+            # (a hybrid has no intent head)
+            assert row["n_intent_predictions"] == (0 if name in hybrids else res["protocol"]["orcas_total"])
         assert all(h >= 0 for h in m["hypervolume"])
+        if name in hybrids:
+            continue
         for seed, curve in m["curves"].items():
             assert len(curve) == 6  # simplex grid, step 0.5, 3 subspaces
             assert max(p["metrics"]["ndcg@10"] for p in curve) >= 0
@@ -91,6 +97,26 @@ def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
         o = r["orcas"]
         assert 0.0 <= o["singletons"] <= 1.0
         assert math.isnan(o["purity_multi"]) == (o["singletons"] + o["noise"] > 1.0 - 1e-9)
+
+
+def test_hybrid_anchor_rows(quick_run: tuple[Path, Path]) -> None:
+    """The min-max hybrid's front is its alpha sweep, its row the alpha chosen on the other year."""
+    out, _ = quick_run
+    res = json.loads((out / "esp-bench.json").read_text())
+    mm = res["methods"]["hybrid_minmax"]
+    (curve,) = mm["curves"].values()
+    alphas = [p["weights"]["bm25"] for p in curve]
+    assert alphas[0] == 0.0 and alphas[-1] == 1.0 and len(alphas) == 21
+    assert all(math.isclose(p["weights"]["bm25"] + p["weights"]["dense"], 1.0) for p in curve)
+    # alpha = 0 is the zero-shot trunk alone: the same rankings, the same metrics
+    zs = res["methods"]["zero_shot"]["per_seed"]["None"]
+    assert math.isclose(curve[0]["metrics"]["ndcg@10"], zs["ndcg@10"], abs_tol=1e-12)
+    anchor = res["anchor"]["hybrid_minmax"]
+    assert set(anchor["alpha_used_on"]) == {"dl19", "dl20"}
+    best = max(p["metrics"]["ndcg@10"] for p in curve)
+    assert math.isclose(anchor["best"]["ndcg@10"], best, abs_tol=1e-12)
+    assert "## The anchor: BM25 + zero-shot hybrids" in (out / "esp-bench.md").read_text()
+    assert res["methods"]["hybrid_rrf"]["curves"] == {}
 
 
 def test_operating_points_written_into_bundle(quick_run: tuple[Path, Path]) -> None:
