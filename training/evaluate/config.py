@@ -37,11 +37,22 @@ class HybridSpec(_Strict):
     rrf_k: float = Field(default=60.0, gt=0)
 
 
+class SparseBlockSpec(_Strict):
+    """A sparse BM25 block scored beside a model's dense blocks (:mod:`subspace.sparse`)."""
+
+    name: str = Field(default="bm25", pattern=r"^[a-z][a-z0-9_]{0,62}$")
+    k1: float = Field(default=0.9, gt=0)
+    b: float = Field(default=0.4, ge=0, le=1)
+    stopwords: str | None = "en"
+
+
 class MethodSpec(_Strict):
     label: str
     zero_shot: bool = False
     hybrid: HybridSpec | None = Field(
         default=None, description="an untrained BM25 + zero-shot hybrid (no training; the anchor row)")
+    sparse: SparseBlockSpec | None = Field(
+        default=None, description="a trained method scored with this sparse BM25 block beside its own blocks")
     overrides: dict[str, Any] = Field(default_factory=dict)
     seeds: list[int] | None = Field(
         default=None, description="train only these of the eval seeds (ablation rows); null = all")
@@ -58,6 +69,8 @@ class MethodSpec(_Strict):
     def _one_kind(self) -> MethodSpec:
         if self.zero_shot and self.hybrid is not None:
             raise ValueError("a method is zero_shot or hybrid, not both")
+        if self.sparse is not None and not self.trained:
+            raise ValueError("sparse: only a trained method takes a sparse block")
         return self
 
 

@@ -137,20 +137,23 @@ def evaluate_model(
     intent_block: str = "intent",
     keep_embeddings: bool = False,
     erank_rows: int | None = None,
+    sparse: Mapping[str, np.ndarray] | None = None,
 ) -> ModelEval:
     """Score ``embedder`` on the held-out year and ORCAS-I fold (see the module docstring of
-    :mod:`training.evaluate` for the protocol). ``sweep``: serving weights to trace a front."""
+    :mod:`training.evaluate` for the protocol). ``sweep``: serving weights to trace a front;
+    ``sparse``: sparse blocks scored beside the model's (name -> ``(nq, N)`` scores of the year's
+    queries, in order), their weights keys of the sweep's (default 1)."""
     layout = embedder.layout
     corpus = embedder.embed(feats.corpus)
     qids = list(bench.queries[eval_year])
     q_emb = embedder.embed(np.stack([feats.queries[q] for q in qids]))
     queries = dict(zip(qids, q_emb, strict=True))
 
-    base = score_dl(bench, corpus, queries, layout, weights=None, year=eval_year)
+    base = score_dl(bench, corpus, queries, layout, weights=None, year=eval_year, sparse=sparse)
     curve = [
         {"weights": dict(w), "ndcg": s.per_query_ndcg, "entity_p": s.per_query_entity_p}
         for w, s in zip(sweep, score_dl_sweep(bench, corpus, queries, layout, sweep=[dict(w) for w in sweep],
-                                              year=eval_year), strict=True)
+                                              year=eval_year, sparse=sparse), strict=True)
     ]
 
     tau = math.nan

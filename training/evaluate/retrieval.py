@@ -52,12 +52,13 @@ def score_dl(
     weights: WeightsInput | None,
     year: str,
     k: int = K_EVAL,
+    sparse: Mapping[str, np.ndarray] | None = None,
 ) -> RetrievalScores:
     """NDCG@k (all judged queries of ``year``) and entity precision@k (those with gold entities).
 
     ``queries``: qid -> block-normalised ``(D,)`` embedding for at least the queries of ``year``.
     """
-    return score_dl_sweep(bench, corpus, queries, layout, sweep=[weights], year=year, k=k)[0]
+    return score_dl_sweep(bench, corpus, queries, layout, sweep=[weights], year=year, k=k, sparse=sparse)[0]
 
 
 def score_dl_sweep(
@@ -69,21 +70,30 @@ def score_dl_sweep(
     sweep: Sequence[WeightsInput | None],
     year: str,
     k: int = K_EVAL,
+    sparse: Mapping[str, np.ndarray] | None = None,
 ) -> list[RetrievalScores]:
     """:func:`score_dl` at every weight vector of ``sweep``, in one engine call: the queries are
     repeated once per weight vector, each copy with its own row weights (the engine's per-row
-    weights), so the corpus is scanned once per batch instead of once per weight vector."""
+    weights), so the corpus is scanned once per batch instead of once per weight vector.
+
+    ``sparse``: sparse blocks (:mod:`subspace.sparse`) scored beside the dense ones, name ->
+    ``(nq, N)`` block scores of the year's queries in order; their weights are keys of the sweep's
+    weight dicts (default 1). Then the ranking is :func:`_sweep_rows_with_sparse`'s exact sum."""
     if not sweep:
         return []
     qids = list(bench.queries[year])
     q = np.stack([queries[x] for x in qids]).astype(corpus.dtype)
-    w = np.stack([resolve_block_weights(s, layout) for s in sweep])  # (P, K)
-    rows_all: list[np.ndarray] = []
-    step = max(1, 4096 // max(1, len(qids)))  # weight vectors per call: bounded score workspace
-    for a in range(0, len(sweep), step):
-        ws = w[a : a + step]
-        _, rows = engine_topk(np.tile(q, (len(ws), 1)), corpus, layout, np.repeat(ws, len(qids), axis=0), k)
-        rows_all.extend(np.split(rows, len(ws)))
+    if sparse:
+        rows_all = _sweep_rows_with_sparse(q, corpus, layout, sweep=sweep, sparse=sparse, k=k)
+    else:
+        w = np.stack([resolve_block_weights(s, layout) for s in sweep])  # (P, K)
+        rows_all = []
+        step = max(1, 4096 // max(1, len(qids)))  # weight vectors per call: bounded score workspace
+        for a in range(0, len(sweep), step):
+            ws = w[a : a + step]
+            rep = np.repeat(ws, len(qids), axis=0)
+            _, rows = engine_topk(np.tile(q, (len(ws), 1)), corpus, layout, rep, k)
+            rows_all.extend(np.split(rows, len(ws)))
     out = []
     for rows in rows_all:
         ndcg, ent = {}, {}
@@ -94,6 +104,45 @@ def score_dl_sweep(
         out.append(RetrievalScores(
             float(np.mean(list(ndcg.values()))), float(np.mean(list(ent.values()))) if ent else math.nan,
             ndcg, ent))
+    return out
+
+
+def _sweep_rows_with_sparse(q: np.ndarray, corpus: np.ndarray, layout: SubspaceLayout, *,
+                            sweep: Sequence[WeightsInput | None], sparse: Mapping[str, np.ndarray],
+                            k: int) -> list[np.ndarray]:
+    """Top-``k`` rows per sweep point of ``sum_k w_k cos(q_k, d_k) + sum_s w_s sparse_s(q, d)``,
+    exact in float64 over every row (ties to the lower row, as the engine): the per-block cosines
+    ``(K, nq, N)`` are computed once, each point is a weighted sum of them."""
+    q64, c64 = q.astype(np.float64), corpus.astype(np.float64)
+    blocks = np.stack([q64[:, o.offset : o.end] @ c64[:, o.offset : o.end].T for o in layout.objectives])
+    extra = np.stack([np.asarray(s, dtype=np.float64) for s in sparse.values()])
+    names = list(sparse)
+    out = []
+    for point in sweep:
+        if point is not None and not isinstance(point, Mapping):
+            raise ValueError("with a sparse block, sweep weights are name -> weight mappings")
+        given = dict(point or {})
+        unknown = sorted(set(given) - set(layout.names) - set(names))
+        if unknown:
+            raise ValueError(f"sweep weights name {unknown}; allowed: {[*layout.names, *names]}")
+        w_sparse = np.array([float(given.pop(n, 1.0)) for n in names])
+        # a point may put all its weight on a sparse block: the dense weights alone may all be 0
+        default = layout.default_weights()
+        w = np.array([float(given.get(n, default[i])) for i, n in enumerate(layout.names)])
+        total = np.tensordot(w, blocks, axes=1) + np.tensordot(w_sparse, extra, axes=1)
+        out.append(_topk_rows(total, k))
+    return out
+
+
+def _topk_rows(scores: np.ndarray, k: int) -> np.ndarray:
+    """``(nq, k)`` rows of the ``k`` best ``scores (nq, N)`` per query, score descending, ties to
+    the lower row: every row tied with the ``k``-th score is a candidate, then an exact sort."""
+    k = min(k, scores.shape[1])
+    kth = -np.partition(-scores, k - 1, axis=1)[:, k - 1]
+    out = np.empty((scores.shape[0], k), dtype=np.int64)
+    for i, row in enumerate(scores):
+        cand = np.flatnonzero(row >= kth[i])
+        out[i] = cand[np.lexsort((cand, -row[cand]))][:k]
     return out
 
 

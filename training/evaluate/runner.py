@@ -71,6 +71,8 @@ class Context:
     timings: dict[str, float] = field(default_factory=dict)
     #: BM25 parameters -> year -> (nq, N) scores, shared by the hybrids
     bm25: dict[tuple[Any, ...], dict[str, np.ndarray]] = field(default_factory=dict)
+    #: sparse block spec -> year -> (nq, N) block scores, shared by the methods that carry it
+    sparse: dict[tuple[Any, ...], dict[str, np.ndarray]] = field(default_factory=dict)
 
 
 def intent_config(cfg: EvalConfig) -> dict[str, Any]:
@@ -179,18 +181,32 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
         ctx.timings["hidden_size"] = float(trainer.model.trunk.hidden_size)
     layout = result.model.layout
     esp = tc.architecture == "esp"
-    sweep = simplex_grid(list(layout.names), cfg.sweep_step) if esp else []
+    spec = cfg.methods[method].sparse
+    sparse = {spec.name: sparse_scores(ctx, spec)[heldout_year]} if spec is not None else None
+    sweep = simplex_grid([*layout.names, *(sparse or {})], cfg.sweep_step) if esp else []
     test = ctx.orcas_test[intent_fold]
     ev = evaluate_model(
         ModelEmbedder(result.model), ctx.features, ctx.bench, eval_year=heldout_year,
         orcas_labels=ctx.orcas_labels, orcas_test=test, sweep=sweep,
-        keep_embeddings=method == cfg.front_method, erank_rows=5000,
+        keep_embeddings=method == cfg.front_method, erank_rows=5000, sparse=sparse,
     )
     timings = {**result.timings, "train_total_s": t1 - t0, "eval_s": time.perf_counter() - t1}
     log.info("%s seed %d held-out %s%s: NDCG@10 %.3f, entity P@10 %.3f (train %.1fs, eval %.1fs)",
              method, seed, heldout_year, fold, np.mean(list(ev.ndcg.values())),
              np.mean(list(ev.entity_p.values())), timings["train_total_s"], timings["eval_s"])
     return Run(method, seed, heldout_year, intent_fold, test, ev, result.log_path, timings, layout)
+
+
+def sparse_scores(ctx: Context, spec: Any) -> dict[str, np.ndarray]:
+    """Year -> ``(nq, N)`` scores of the sparse BM25 block of ``spec`` (built once per context)."""
+    key = (spec.k1, spec.b, spec.stopwords)
+    if key not in ctx.sparse:
+        from training.sparse_lexical import build_bm25
+
+        block = build_bm25(ctx.bench.texts, k1=spec.k1, b=spec.b, stopwords=spec.stopwords)
+        ctx.sparse[key] = {y: block.scores(block.encode(list(q.values())))
+                           for y, q in ctx.bench.queries.items()}
+    return ctx.sparse[key]
 
 
 def zero_shot_runs(ctx: Context, method: str) -> list[Run]:

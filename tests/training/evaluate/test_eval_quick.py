@@ -73,7 +73,8 @@ def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
         if name in hybrids:
             continue
         for seed, curve in m["curves"].items():
-            assert len(curve) == 6  # simplex grid, step 0.5, 3 subspaces
+            # simplex grid, step 0.5: 3 subspaces, or 4 with a sparse block
+            assert len(curve) == (10 if "sparse" in methods[name] else 6)
             assert max(p["metrics"]["ndcg@10"] for p in curve) >= 0
             # the front's hypervolume covers every swept point (the default weights need not be on the grid)
             hv_best = max(p["metrics"]["ndcg@10"] * p["metrics"]["entity_p@10"] for p in curve)
@@ -111,12 +112,22 @@ def test_hybrid_anchor_rows(quick_run: tuple[Path, Path]) -> None:
     # alpha = 0 is the zero-shot trunk alone: the same rankings, the same metrics
     zs = res["methods"]["zero_shot"]["per_seed"]["None"]
     assert math.isclose(curve[0]["metrics"]["ndcg@10"], zs["ndcg@10"], abs_tol=1e-12)
-    anchor = res["anchor"]["hybrid_minmax"]
+    anchor = next(a for a in res["anchor"] if a["hybrid"] == "hybrid_minmax" and a["method"] == "esp")
+    assert {a["method"] for a in res["anchor"]} == {"esp", "esp_sparse"}
     assert set(anchor["alpha_used_on"]) == {"dl19", "dl20"}
     best = max(p["metrics"]["ndcg@10"] for p in curve)
     assert math.isclose(anchor["best"]["ndcg@10"], best, abs_tol=1e-12)
     assert "## The anchor: BM25 + zero-shot hybrids" in (out / "esp-bench.md").read_text()
     assert res["methods"]["hybrid_rrf"]["curves"] == {}
+
+
+def test_sparse_block_joins_the_sweep(quick_run: tuple[Path, Path]) -> None:
+    """A method with a sparse block sweeps it with the dense blocks (4 names, step 0.5: 10 points)."""
+    out, _ = quick_run
+    res = json.loads((out / "esp-bench.json").read_text())
+    (curve,) = res["methods"]["esp_sparse"]["curves"].values()
+    assert len(curve) == 10
+    assert all(set(p["weights"]) == {"semantic", "entity", "intent", "bm25"} for p in curve)
 
 
 def test_operating_points_written_into_bundle(quick_run: tuple[Path, Path]) -> None:

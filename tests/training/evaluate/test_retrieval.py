@@ -111,3 +111,41 @@ def test_evaluate_zero_shot_end_to_end() -> None:
     assert 0 <= ev.agreement <= 1 and math.isnan(ev.tau) and math.isnan(ev.agreement_intent_only)
     assert len(ev.sweep) == 1 and ev.sweep[0]["ndcg"] == ev.ndcg
     assert 1 <= ev.erank["all"] <= 4
+
+
+def test_a_sparse_block_at_weight_zero_ranks_as_the_engine() -> None:
+    """The exact dense + sparse sum agrees with the engine when the sparse weight is 0, and a
+    sparse block alone ranks by its own scores (ties to the lower row)."""
+    from training.evaluate.retrieval import score_dl_sweep
+
+    rng = np.random.default_rng(0)
+    layout = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
+    n = 300
+    corpus = normalize_blocks(rng.standard_normal((n, 12)).astype(np.float32), layout)
+    qs = normalize_blocks(rng.standard_normal((3, 12)).astype(np.float32), layout)
+    bench = DLBench(pids=[f"p{i}" for i in range(n)], texts=["x"] * n,
+                    queries={"dl19": {f"q{i}": "x" for i in range(3)}},
+                    qrels={"dl19": {f"q{i}": {f"p{j}": 1 for j in range(0, n, 7)} for i in range(3)}},
+                    entities={}, pool={})
+    queries = {f"q{i}": qs[i] for i in range(3)}
+    sweep = simplex_grid(["semantic", "entity"], 0.25)
+    plain = score_dl_sweep(bench, corpus, queries, layout, sweep=sweep, year="dl19")
+    scores = rng.random((3, n))
+    with_zero = score_dl_sweep(bench, corpus, queries, layout, sweep=[{**w, "bm25": 0.0} for w in sweep],
+                               year="dl19", sparse={"bm25": scores})
+    assert [p.per_query_ndcg for p in plain] == [p.per_query_ndcg for p in with_zero]
+    alone = score_dl_sweep(bench, corpus, queries, layout, sweep=[{"semantic": 0, "entity": 0, "bm25": 1.0}],
+                           year="dl19", sparse={"bm25": scores})[0]
+    tied = np.zeros((3, n))  # all tied: the top 10 are rows 0..9
+    first = score_dl_sweep(bench, corpus, queries, layout, sweep=[{"semantic": 0, "entity": 0, "bm25": 1.0}],
+                           year="dl19", sparse={"bm25": tied})[0]
+    from subspace.metrics import ndcg_at_k
+
+    for i in range(3):
+        top = np.argsort(-scores[i], kind="stable")[:10]
+        assert alone.per_query_ndcg[f"q{i}"] == pytest.approx(
+            ndcg_at_k([f"p{j}" for j in top], bench.qrels["dl19"][f"q{i}"], 10))
+        assert first.per_query_ndcg[f"q{i}"] == pytest.approx(
+            ndcg_at_k([f"p{j}" for j in range(10)], bench.qrels["dl19"][f"q{i}"], 10))
+    with pytest.raises(ValueError, match="allowed"):
+        score_dl_sweep(bench, corpus, queries, layout, sweep=[{"bogus": 1.0}], year="dl19", sparse={"bm25": scores})
