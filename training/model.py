@@ -68,6 +68,23 @@ class TrunkMode:
         return f"top:{self.top}" if self.kind == "top" else self.kind
 
 
+#: sentence-transformers' config of a model folder: ``max_seq_length`` is what it encodes at
+ST_CONFIG = "sentence_bert_config.json"
+
+
+def own_max_length(path: str | Path, tokenizer: Any) -> int:
+    """The sequence length a model is run at: ``max_seq_length`` of its sentence-transformers
+    config (256 for all-MiniLM-L6-v2, which sentence-transformers and MTEB use), else the
+    tokenizer's ``model_max_length`` when it is a real limit, else 512."""
+    st = Path(path) / ST_CONFIG
+    if st.is_file():
+        value = json.loads(st.read_text(encoding="utf-8")).get("max_seq_length")
+        if isinstance(value, int) and value > 0:
+            return value
+    limit = getattr(tokenizer, "model_max_length", None)
+    return int(limit) if isinstance(limit, int) and 0 < limit <= 100_000 else 512
+
+
 def mean_pool(hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Mean of token states over the attention mask: ``(n, L, H), (n, L) -> (n, H)``."""
     m = mask.unsqueeze(-1).to(hidden.dtype)
@@ -95,12 +112,14 @@ class Trunk(nn.Module):
                     p.requires_grad_(True)
 
     @classmethod
-    def from_pretrained(cls, path: str | Path, *, max_length: int, mode: TrunkMode) -> Trunk:
+    def from_pretrained(cls, path: str | Path, *, max_length: int | None, mode: TrunkMode) -> Trunk:
+        """``max_length=None``: the model's own sequence length (:func:`own_max_length`)."""
         from transformers import AutoModel, AutoTokenizer
 
         model = AutoModel.from_pretrained(str(path), use_safetensors=True)
         tokenizer = AutoTokenizer.from_pretrained(str(path))
-        return cls(model, tokenizer, max_length=max_length, mode=mode)
+        length = own_max_length(path, tokenizer) if max_length is None else max_length
+        return cls(model, tokenizer, max_length=length, mode=mode)
 
     def _layers(self) -> nn.ModuleList:
         enc = getattr(self.model, "encoder", None)

@@ -62,3 +62,30 @@ def test_entity_heavy_weights_put_robert_gray_on_top(demo_bundle: Path) -> None:
     # and the knob is what does it: the semantic block alone ranks other Grays among the top 3
     semantic_only = _top(demo_bundle, DEFAULT_QUERY, {n: float(n == "semantic") for n in b.layout.names})
     assert not all(name.search(t) for t in semantic_only), semantic_only
+
+
+def test_index_encodes_long_texts_as_sentence_transformers_does(demo_bundle: Path, tmp_path: Path) -> None:
+    """Documents are encoded at the trunk's own max_seq_length (256 for MiniLM, read from its
+    sentence-transformers config): the semantic block of `esp index` on texts longer than 128
+    tokens is sentence-transformers' embedding of the same texts."""
+    from sentence_transformers import SentenceTransformer
+
+    from esp_cli.main import main
+    from training.run import default_trunk_path
+
+    texts = [("the history of the roman empire from augustus to the fall of constantinople " * 12).strip(),
+             ("robert gray was an american sea captain and explorer of the pacific northwest " * 10).strip(),
+             "a short passage"]
+    corpus = tmp_path / "long.tsv"
+    corpus.write_text("id\ttext\n" + "".join(f"d{i}\t{t}\n" for i, t in enumerate(texts)), "utf-8")
+    assert main(["index", "--bundle", str(demo_bundle), "--corpus", str(corpus), "--out", str(tmp_path / "ix"),
+                 "--no-progress"]) == 0
+    b = read_bundle(tmp_path / "ix")
+    sem = b.layout["semantic"]
+    got = np.asarray(b.embeddings, dtype=np.float32)[:, sem.offset : sem.end]
+    st = SentenceTransformer(default_trunk_path(), device="cpu")
+    assert st.max_seq_length == 256
+    assert len(st.tokenizer(texts[0])["input_ids"]) > 128  # long enough for the length to matter
+    want = st.encode(texts, convert_to_numpy=True, normalize_embeddings=True)
+    np.testing.assert_allclose(got, want, atol=2e-3)  # float16 embeddings in the bundle
+    assert float(np.min(np.sum(got * want, axis=1))) > 0.9999

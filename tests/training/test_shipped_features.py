@@ -51,3 +51,17 @@ def test_shipped_rows_equal_a_fresh_forward_pass(minilm_and_pool: tuple[Trunk, l
     assert shipped.dtype == np.float32 and shipped.shape == (12, trunk.hidden_size)
     fresh = trunk.encode([texts[r] for r in rows])
     np.testing.assert_allclose(shipped, fresh, rtol=1e-4, atol=2e-5)
+
+
+def test_long_passages_are_encoded_at_the_trunks_own_length(minilm_and_pool: tuple[Trunk, list[str]]) -> None:
+    """The 3 longest pool passages (over 256 tokens) are shipped at max_length 256, not cut at 128."""
+    trunk, texts = minilm_and_pool
+    assert trunk.max_length == 256
+    lengths = [len(x) for x in trunk.tokenizer(texts, truncation=False)["input_ids"]]
+    rows = np.argsort(lengths)[-3:]
+    assert min(lengths[r] for r in rows) > 256
+    fp = trunk_fingerprint(trunk)
+    shipped = np.stack(
+        [np.load(SHIPPED_DIR / chunk_name(fp, texts[r - r % CHUNK : r - r % CHUNK + CHUNK]))[r % CHUNK] for r in rows]
+    )
+    np.testing.assert_allclose(shipped, trunk.encode([texts[r] for r in rows]), rtol=1e-4, atol=2e-5)
