@@ -20,7 +20,9 @@ from subspace.engine.base import (
     PRECISIONS,
     Backend,
     BackendUnavailable,
+    Capabilities,
     EngineInputError,
+    LiveDocument,
     SearchResult,
     check_precision,
 )
@@ -99,7 +101,9 @@ __all__ = [
     "PRECISIONS",
     "Backend",
     "BackendUnavailable",
+    "Capabilities",
     "EngineInputError",
+    "LiveDocument",
     "SearchResult",
     "create_engine",
 ]

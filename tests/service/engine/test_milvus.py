@@ -208,7 +208,8 @@ def test_a_collection_of_another_corpus_is_refused(milvus: Loaded) -> None:
 
 
 def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
-    from service.engine.milvus_backend import LIVE_ROW0, LiveDocument
+    from service.engine import LiveDocument
+    from service.engine.milvus_backend import LIVE_ROW0
 
     layout = layout_of("three")
     corpus = random_rows(300, layout, seed=51)
@@ -234,7 +235,7 @@ def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
 def test_session_consistency_searches_see_this_process_writes(milvus: Loaded) -> None:
     from pydantic import ValidationError
 
-    from service.engine.milvus_backend import LiveDocument
+    from service.engine import LiveDocument
 
     with pytest.raises(ValidationError):
         MilvusSettings(uri=milvus.uri, consistency="Weak")
