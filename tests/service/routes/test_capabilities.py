@@ -8,6 +8,7 @@ as expressions, live writes.
 from __future__ import annotations
 
 import dataclasses
+import time
 from collections.abc import Iterable, Iterator, Sequence
 from typing import Any, ClassVar
 
@@ -78,12 +79,12 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     emb = normalize_blocks(np.random.default_rng(0).standard_normal((40, LAYOUT.dim)).astype(np.float32), LAYOUT)
     bundle = write_bundle(root / "b", LAYOUT, emb, [f"d{i}" for i in range(40)])
     settings = Settings(bundle=bundle, backend="numpy", threads=1, admin_token=TOKEN)
-    with TestClient(create_app(settings)) as c:
-        for _ in range(600):
-            if c.get("/readyz").status_code == 200:
-                break
-        else:
-            pytest.fail("not ready")
+    app = create_app(settings)
+    with TestClient(app) as c:
+        deadline = time.monotonic() + 60
+        while app.state.holder.current is None:  # the bundle loads on the loader thread
+            assert time.monotonic() < deadline, "the bundle did not load"
+            time.sleep(0.01)
         yield c
 
 
