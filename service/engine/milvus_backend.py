@@ -553,14 +553,21 @@ class MilvusBackend(Backend):
         if wanted:
             self._fetch(sorted(wanted))
 
-    def _fetch(self, rows: Sequence[int]) -> None:
-        got = self._client.query(
-            self.settings.collection,
-            filter=f"{ROW} in [{', '.join(str(r) for r in rows)}]",
-            output_fields=[ID, ROW, *self._display],
-            consistency_level=self.settings.consistency,
-            timeout=self.settings.timeout,
+    def _query(self, expr: str, fields: Sequence[str], consistency: str = CONSISTENCY) -> list[Any]:
+        """The ``fields`` of the documents matching ``expr`` (writes and their look-ups: Strong)."""
+        return list(
+            self._client.query(
+                self.settings.collection,
+                filter=expr,
+                output_fields=list(fields),
+                consistency_level=consistency,
+                timeout=self.settings.timeout,
+            )
         )
+
+    def _fetch(self, rows: Sequence[int]) -> None:
+        expr = f"{ROW} in [{', '.join(str(r) for r in rows)}]"
+        got = self._query(expr, [ID, ROW, *self._display], self.settings.consistency)
         with self._lock:
             if len(self._docs) + len(got) > _DOC_CACHE_MAX:
                 self._docs.clear()
@@ -577,13 +584,7 @@ class MilvusBackend(Backend):
 
     # --- writes ---------------------------------------------------------------------------------
     def _rows_of(self, ids: Sequence[str]) -> dict[str, int]:
-        got = self._client.query(
-            self.settings.collection,
-            filter=f"{ID} in [{', '.join(quote(i) for i in ids)}]",
-            output_fields=[ID, ROW],
-            consistency_level=CONSISTENCY,
-            timeout=self.settings.timeout,
-        )
+        got = self._query(f"{ID} in [{', '.join(quote(i) for i in ids)}]", [ID, ROW])
         return {str(r[ID]): int(r[ROW]) for r in got}
 
     def upsert(self, docs: Sequence[LiveDocument]) -> list[int]:
@@ -600,13 +601,7 @@ class MilvusBackend(Backend):
         rows = [known.get(d.id, live_row(d.id)) for d in docs]
         fresh = [r for d, r in zip(docs, rows, strict=True) if d.id not in known]
         if fresh:
-            clash = self._client.query(
-                self.settings.collection,
-                filter=f"{ROW} in [{', '.join(map(str, fresh))}]",
-                output_fields=[ID, ROW],
-                consistency_level=CONSISTENCY,
-                timeout=self.settings.timeout,
-            )
+            clash = self._query(f"{ROW} in [{', '.join(map(str, fresh))}]", [ID, ROW])
             if clash:
                 raise EngineInputError(
                     f"document row {clash[0][ROW]} is taken by id {clash[0][ID]!r}", "documents"
