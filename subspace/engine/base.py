@@ -290,7 +290,7 @@ class Backend(ABC):
                 cand = self._every(flt, len(pending))
             else:
                 cand = self._candidates(part, c, flt)
-            rows, done = self._complete(part, cand, c)
+            rows, done = self._complete(part, cand)
             r, s = self._rerank(part, rows, cand.source)
             sub = self._subspace(part.queries, r, cand.source)
             # the one transfer back: results, and which queries the bound accepts
@@ -322,7 +322,7 @@ class Backend(ABC):
         eps = self._scan_rel_error(m) * batch.bound * batch.factor
         return eps + self._lowp_abs if self._lowp_products(m) else eps
 
-    def _complete(self, batch: Batch, cand: Candidates, c: int) -> tuple[Array, Array]:
+    def _complete(self, batch: Batch, cand: Candidates) -> tuple[Array, Array]:
         """Steps 2 and 3's first half: the candidates worth re-ranking, and per query whether
         they are complete (``None``: all are, the generator vouched for them)."""
         if cand.scores is None:

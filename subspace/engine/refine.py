@@ -16,12 +16,14 @@ scan), so a device backend keeps the corpus, the work and the candidates on the 
 4. :func:`exact_scores` and :func:`rank`: candidates re-scored in float64 from the master (or
    from vectors fetched with them, :class:`RowTable`), ordered by (score desc, row asc).
 
-**An extra exact term** (a sparse lexical block scored beside the dense blocks) plugs in at
-two places and leaves the loop as it is: the exact score of a candidate is
-``Backend._exact_scores`` (dense block-scaled product here; the extra term's float64 dot is
-added there), and the scan score of a row is the backend's scan (its float32 term added to
-the dense product, its roundoff added to ``Backend._scan_rel_error``). The query side of the
-term travels in :class:`Batch`, the one object the scan and the re-rank read the queries from.
+**An extra exact term** (a sparse lexical block scored beside the dense blocks, its weight
+one more ``w_k``) plugs in without changing the loop: its weighted query part becomes one more
+field of :class:`Batch` (built in :func:`scale`, the one place queries are scaled; ``take``
+carries it to rescans); ``Backend._exact_scores`` adds its float64 dot to the dense one (the one
+place candidates are scored exactly); the scans add its float32 term to the dense product
+(``Backend._scan_rows`` for selective masks and each backend's ``_scan``, e.g.
+``ChunkedBackend._chunk_scores``), its roundoff goes into ``Backend._scan_rel_error`` and its
+largest norm into ``Batch.bound``, so :func:`complete` and :func:`prune` stay valid as they are.
 """
 
 from __future__ import annotations
