@@ -370,6 +370,7 @@ class MilvusBackend(Backend):
     capabilities: ClassVar[Capabilities] = Capabilities(
         native_filters=True, metadata=True, writes=True, approximate=True
     )
+    metadata_schema: MetadataSchema  # the collection's, set when it is opened
 
     def __init__(
         self,
@@ -418,7 +419,7 @@ class MilvusBackend(Backend):
                     f"milvus: collection {s.collection!r} was loaded from another corpus (bundle "
                     f"{meta.get('bundle_version')!r}); run esp milvus-load for this bundle"
                 )
-            self.metadata_schema = self._schema = MetadataSchema.from_dict(meta.get("metadata") or {})
+            self.metadata_schema = MetadataSchema.from_dict(meta.get("metadata") or {})
             self.index_type = _index_type(self._client, s.collection, s.timeout)
             self._client.load_collection(s.collection, timeout=s.timeout)
         except BackendUnavailable:
@@ -427,7 +428,7 @@ class MilvusBackend(Backend):
         except Exception as exc:
             self._client.close()
             raise BackendUnavailable(f"milvus: {exc}") from exc
-        self._display = [f for f in DISPLAY_FIELDS if self._schema.fields.get(f) == FieldType.STRING]
+        self._display = [f for f in DISPLAY_FIELDS if self.metadata_schema.fields.get(f) == FieldType.STRING]
         # stored vectors: block-normalised float32; live writes are normalised the same way
         self._max_block_norm = np.maximum(self._max_block_norm, 1.0 + 1e-5)
 
@@ -607,7 +608,7 @@ class MilvusBackend(Backend):
                     f"document row {clash[0][ROW]} is taken by id {clash[0][ID]!r}", "documents"
                 )
         entities = [
-            entity(d.id, r, d.vector, d.fields, schema=self._schema, where=f"documents[{i}].fields")
+            entity(d.id, r, d.vector, d.fields, schema=self.metadata_schema, where=f"documents[{i}].fields")
             for i, (d, r) in enumerate(zip(docs, rows, strict=True))
         ]
         try:
