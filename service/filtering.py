@@ -5,9 +5,9 @@ requests are checked against (a Milvus collection's own, else the bundle's ``doc
 fields) and, built on first use, the :class:`~subspace.filters.MetadataTable` the in-process
 backends mask with. :func:`filtered` wraps a :class:`~service.state.ServingState` so that its
 ``search`` applies one compiled filter: exact row masks for in-process backends, expressions
-for a backend that filters itself (``capabilities.native_filters``). The wrapper shares the state's engine,
-bundle and lifetime, and is its own object, so the micro-batcher scores a filtered request in
-its own engine call (its batches group jobs by state).
+for a backend that filters itself (``capabilities.native_filters``). The wrapper shares the
+state's engine, bundle and lifetime, and is its own object, so the micro-batcher scores a
+filtered request in its own engine call (its batches group jobs by state).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Live writes behind the admin token: ``POST /v1/documents`` (upsert) and ``DELETE /v1/documents/{id}``.
 
-Only a backend that stores documents itself (``capabilities.writes``: the ``milvus`` backend) takes
+Only a backend that declares writes (``capabilities.writes``: the ``milvus`` backend) takes
 writes; they are visible to every search that starts after the call returns (Milvus
 consistency level ``Strong`` on writes and searches). The in-process backends serve a bundle's
 immutable index and answer 409 (:class:`~service.errors.ReadOnlyIndexError`): rebuild the
