@@ -17,7 +17,7 @@ Example:  esp index --bundle artifacts/demo/bundle --corpus my_docs.jsonl --out 
           esp index --engine ray --actors 8 --bundle ... --corpus s3://bucket/docs/ --out ...
           esp index --ann --bundle artifacts/demo/bundle
 
---ann also builds the approximate weight-aware index (ann/, served with ESP_INDEX=ivf) into the
+--ann also builds the approximate weight-aware index (ann/, served with ESP_BACKEND=ivf) into the
 new bundle; with --bundle alone it adds the index to that bundle (or to a copy at --out), a new
 directory swapped in atomically, and prints the build report (seconds, bytes).
 """

@@ -37,13 +37,12 @@ class Settings(BaseSettings):
         description="threads for blocking work off the event loop (reloads, result building, encoding, "
         "clustering), all started at start-up so the count stays flat (default: min(32, cores + 4))",
     )
-    index: str = Field(
-        "exact",
-        description="exact (the backend's exhaustive scan) or ivf (approximate weight-aware index: "
-        "the bundle's ann/, else built at load)",
-    )
     ann_max_touched: float = Field(
-        0.05, gt=0, le=1, description="ivf: the fraction of the corpus one query may scan"
+        0.05,
+        gt=0,
+        le=1,
+        description="backend ivf (the approximate weight-aware index: the bundle's ann/, else built at "
+        "load): the fraction of the corpus one query may scan",
     )
     encoder_device: str = Field(
         "auto", description="query encoder device: auto (CUDA when present, else cpu), cpu, cuda or cuda:N"

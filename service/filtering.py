@@ -5,9 +5,9 @@ requests are checked against (a Milvus collection's own, else the bundle's ``doc
 fields) and, built on first use, the :class:`~subspace.filters.MetadataTable` the in-process
 backends mask with. :func:`filtered` wraps a :class:`~service.state.ServingState` so that its
 ``search`` applies one compiled filter: exact row masks for in-process backends, expressions
-for a backend that filters itself (``native_filters``). The wrapper shares the state's engine,
-bundle and lifetime, and is its own object, so the micro-batcher scores a filtered request in
-its own engine call (its batches group jobs by state).
+for a backend that filters itself (``capabilities.native_filters``). The wrapper shares the
+state's engine, bundle and lifetime, and is its own object, so the micro-batcher scores a
+filtered request in its own engine call (its batches group jobs by state).
 """
 
 from __future__ import annotations
@@ -31,11 +31,10 @@ class FilterContext:
     """The declared fields of one served corpus; its metadata columns, built when first needed."""
 
     def __init__(self, state: ServingState) -> None:
-        engine_schema = getattr(state.engine, "metadata_schema", None)
+        engine = state.engine
+        own = engine.metadata_schema if engine.capabilities.metadata else None
         self.schema: MetadataSchema = (
-            engine_schema
-            if isinstance(engine_schema, MetadataSchema)
-            else MetadataSchema.of_bundle(state.bundle.manifest, state.docs)
+            own if own is not None else MetadataSchema.of_bundle(state.bundle.manifest, state.docs)
         )
         self._docs = state.docs
         self._rows = state.engine.num_docs
@@ -81,7 +80,7 @@ class FilteredState(ServingState):
 
     def search(self, queries: np.ndarray, block_weights: np.ndarray, k: int) -> SearchResult:
         assert self.compiled is not None
-        if getattr(self.engine, "native_filters", False):
+        if self.engine.capabilities.native_filters:
             allowed: Any = self.compiled
         else:
             allowed = filter_context(self).mask(self.compiled)

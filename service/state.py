@@ -20,6 +20,7 @@ everyone may write is refused (``ESP_BUNDLE_PERMISSIONS=warn`` only logs it).
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import threading
 import time
@@ -32,8 +33,8 @@ from typing import Any, TypeVar
 import numpy as np
 
 from service.config import Settings
-from service.engine import Backend, SearchResult
-from service.engine.ann import create_index_engine
+from service.engine import Backend, SearchResult, create_engine
+from service.engine.ann import ivf_options
 from service.errors import NotReadyError
 from subspace.bundle import Bundle, BundleError, read_bundle, writable_by_others
 from subspace.layout import SubspaceLayout
@@ -212,13 +213,13 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
     t0 = time.perf_counter()
     check_permissions(Path(path), settings)
     bundle = read_bundle(path, snapshot=True, verify_checksums=True)
-    engine = create_index_engine(
-        settings.index,
-        bundle,
-        backend=settings.backend,
+    engine = create_engine(
+        settings.backend,
+        bundle.embeddings,
+        bundle.layout,
         precision=settings.precision,
         threads=settings.threads,
-        max_touched=settings.ann_max_touched,
+        options={"ivf": functools.partial(ivf_options, bundle, settings.ann_max_touched)},
     )
     state: ServingState | None = None
     try:

@@ -8,7 +8,8 @@ exact float64 top k (see :mod:`subspace.engine.base`); they differ only in speed
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -20,7 +21,9 @@ from subspace.engine.base import (
     PRECISIONS,
     Backend,
     BackendUnavailable,
+    Capabilities,
     EngineInputError,
+    LiveDocument,
     SearchResult,
     check_precision,
 )
@@ -37,7 +40,7 @@ BACKENDS: dict[str, type[Backend]] = {
     FaissBackend.name: FaissBackend,
     CupyBackend.name: CupyBackend,
     MilvusBackend.name: MilvusBackend,  # a Milvus collection (ESP_MILVUS_URI); not in auto
-    IvfBackend.name: IvfBackend,  # approximate index (ESP_INDEX=ivf); exact by default, not in auto
+    IvfBackend.name: IvfBackend,  # approximate index (service.engine.ann: the bundle's); not in auto
 }
 
 # "auto": fastest first, per storage precision, as bench/knn.py ranks them on CPUs without a GPU
@@ -57,12 +60,15 @@ def create_engine(
     threads: int | None = None,
     fallback: Sequence[str] | None = None,
     chunk_rows: int | None = None,
+    options: Mapping[str, Callable[[], Mapping[str, Any]]] | None = None,
 ) -> Backend:
     """Start backend ``name`` (or the first of :data:`AUTO_ORDER` that works, for ``"auto"``).
 
     If it cannot start here, each name in ``fallback`` is tried in turn; every skip is logged
     with its reason. Raises :class:`BackendUnavailable` listing all reasons when none starts,
-    and :class:`EngineInputError` for an unknown backend or precision name.
+    and :class:`EngineInputError` for an unknown backend or precision name. ``options``: per
+    backend name, what returns its own keyword arguments, called only when that backend is
+    tried (the ``ivf`` backend's index, :func:`service.engine.ann.ivf_options`).
     """
     check_precision(precision)
     chain = list(AUTO_ORDER[precision]) if name == "auto" else [name, *(fallback or ())]
@@ -74,8 +80,9 @@ def create_engine(
     reasons: list[str] = []
     for candidate in chain:
         try:
+            extra = options[candidate]() if options and candidate in options else {}
             engine = BACKENDS[candidate](
-                corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows
+                corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows, **extra
             )
         except (BackendUnavailable, ImportError) as exc:
             reason = str(exc) if str(exc).startswith(f"{candidate}:") else f"{candidate}: {exc}"
@@ -99,7 +106,9 @@ __all__ = [
     "PRECISIONS",
     "Backend",
     "BackendUnavailable",
+    "Capabilities",
     "EngineInputError",
+    "LiveDocument",
     "SearchResult",
     "create_engine",
 ]

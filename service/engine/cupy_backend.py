@@ -30,7 +30,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from subspace.engine.array_scan import Array, ArrayScanBackend
-from subspace.engine.base import PRECISIONS, BackendUnavailable
+from subspace.engine.base import PRECISIONS, BackendUnavailable, Capabilities
 
 _TF32_UNIT = 2.0**-11  # TF32 keeps 10 mantissa bits, as float16 does
 
@@ -61,6 +61,7 @@ def torch_topk(xp: ModuleType, torch: Any, x: Array, c: int) -> Array:
 class CupyBackend(ArrayScanBackend):
     name: ClassVar[str] = "cupy"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    capabilities: ClassVar[Capabilities] = Capabilities()  # exact, the bundle's rows, read-only
     workspace_bytes: ClassVar[int] = 1 << 30  # score buffer per scan step (device memory)
     rerank_elements: ClassVar[int] = 1 << 25  # float64 elements gathered at once (256 MiB)
 

@@ -13,7 +13,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from subspace.engine.base import Backend, BackendUnavailable
+from subspace.engine.base import Backend, BackendUnavailable, Capabilities
 
 _ADD_CHUNK = 65536
 
@@ -21,6 +21,7 @@ _ADD_CHUNK = 65536
 class FaissBackend(Backend):
     name: ClassVar[str] = "faiss"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    capabilities: ClassVar[Capabilities] = Capabilities()  # exact, the bundle's rows, read-only
     blas_threshold: ClassVar[int] = 2  # batches of >= 2 queries take the BLAS path
 
     def _require(self) -> None:

@@ -46,7 +46,15 @@ from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.errors import NotReadyError
-from subspace.engine.base import Backend, BackendUnavailable, EngineInputError, SearchResult
+from subspace.engine.base import (
+    Backend,
+    BackendUnavailable,
+    Capabilities,
+    EngineInputError,
+    LiveDocument,
+    SearchResult,
+)
+from subspace.engine.refine import Batch, Candidates, Filter, RowTable, scan_bound, stack_rows
 from subspace.filters import (
     CompiledFilter,
     FieldType,
@@ -69,7 +77,6 @@ EXACT_INDEXES = ("FLAT", "GPU_BRUTE_FORCE")
 INDEXES = ("FLAT", "IVF_FLAT", "HNSW", "AUTOINDEX", "GPU_BRUTE_FORCE")
 CONSISTENCY: Final = "Strong"
 FORMAT = 1
-_U32 = 2.0**-24
 _DOC_CACHE_MAX = 1 << 20
 
 
@@ -353,35 +360,29 @@ def _index_type(client: Any, collection: str, timeout: float) -> str:
     return str(info.get("index_type", "FLAT")).upper()
 
 
-@dataclass(frozen=True)
-class LiveDocument:
-    """A document to write: id, ``(D,)`` block-normalised vector, metadata values by field."""
-
-    id: str
-    vector: np.ndarray
-    fields: Mapping[str, Any]
-
-
 class MilvusBackend(Backend):
     """The engine contract over a Milvus collection; writable (upsert, delete)."""
 
     name: ClassVar[str] = "milvus"
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
-    writable: ClassVar[bool] = True  # POST/DELETE /v1/documents
-    native_filters: ClassVar[bool] = True  # takes a CompiledFilter as ``allowed`` (an expression)
+    # a CompiledFilter as ``allowed`` (an expression), the collection's documents and schema,
+    # POST/DELETE /v1/documents, and approximate indexes (IVF_FLAT, HNSW, AUTOINDEX)
+    capabilities: ClassVar[Capabilities] = Capabilities(
+        native_filters=True, metadata=True, writes=True, approximate=True
+    )
+    metadata_schema: MetadataSchema  # the collection's, set when it is opened
 
     def __init__(
         self,
         corpus: np.ndarray,
         layout: SubspaceLayout,
         *,
-        precision: str = "float32",
-        threads: int | None = None,
-        chunk_rows: int | None = None,
         settings: MilvusSettings | None = None,
+        **common: Any,
     ) -> None:
+        """``common``: the :class:`Backend` settings (``precision``, ``threads``, ``chunk_rows``)."""
         self.settings = settings if settings is not None else MilvusSettings()
-        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+        super().__init__(corpus, layout, **common)
 
     # --- start ------------------------------------------------------------------------------
     def _require(self) -> None:
@@ -444,17 +445,14 @@ class MilvusBackend(Backend):
             except Exception:  # closing must never fail
                 log.exception("milvus: closing the client failed")
 
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:  # pragma: no cover
-        raise NotImplementedError("the milvus backend searches in Milvus (search() is its own)")
-
-    # --- search -------------------------------------------------------------------------------
-    def _expression(self, allowed: Any) -> str:
+    # --- search: the refine loop of Backend, its candidates from Milvus ----------------------------
+    def _filter(self, allowed: Any) -> Filter:
+        """An expression Milvus evaluates; how many rows it allows is not known here."""
         if allowed is None:
-            return ""
+            return Filter(None, arg="")
         if isinstance(allowed, CompiledFilter):
-            return allowed.expression()
-        mask = self._check_allowed(allowed)
-        return allowed_rows_expression(mask, ROW)
+            return Filter(None, arg=allowed.expression())
+        return Filter(None, arg=allowed_rows_expression(self._check_allowed(allowed), ROW))
 
     def search_params(self, limit: int) -> dict[str, Any]:
         """What Milvus is asked to search with for ``limit`` hits: nprobe (IVF_FLAT), ef (HNSW)."""
@@ -490,7 +488,32 @@ class MilvusBackend(Backend):
     def candidates(self, k: int) -> int:
         if self.exact:
             return super().candidates(k)
-        return max(k + max(8, k // 8), self.settings.candidates)
+        return min(MAX_TOPK, max(k + max(8, k // 8), self.settings.candidates))
+
+    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+        cand = self._fetch_candidates(scaled, c, "")
+        return cand.rows, cand.scores
+
+    def _fetch_candidates(self, scaled: np.ndarray, c: int, expr: str) -> Candidates:
+        """Milvus' top ``c`` by its float32 scores, with the vectors the re-rank reads."""
+        found = self._milvus_search(scaled, c, expr)
+        rows = [np.fromiter((h["entity"][ROW] for h in hits), np.int64, len(hits)) for hits in found]
+        dist = [np.fromiter((h["distance"] for h in hits), np.float32, len(hits)) for hits in found]
+        r, s = stack_rows(rows, dist)
+        vectors = [h["entity"][VECTOR] for hits in found for h in hits]
+        table = RowTable(np.concatenate(rows), np.asarray(vectors, np.float64).reshape(-1, self.dim))
+        return Candidates(r, s, scan_bound(np, r, s, c), table)
+
+    def _candidates(self, batch: Batch, c: int, flt: Filter) -> Candidates:
+        """FLAT: Milvus' top ``c`` (exact scores within the float32 bound, so completed as every
+        backend's); approximate indexes: its candidates as they are. Past Milvus' largest limit
+        (ties defeat ``MAX_TOPK`` candidates): every matching document."""
+        if c > MAX_TOPK:
+            rows, vectors = self._exhaustive(flt.arg)
+            every = np.broadcast_to(rows, (batch.scan.shape[0], rows.size))
+            return Candidates(every, source=RowTable(rows, vectors))
+        cand = self._fetch_candidates(batch.scan, c, flt.arg)
+        return cand if self.exact else Candidates(cand.rows, source=cand.source)
 
     def search(
         self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
@@ -501,53 +524,9 @@ class MilvusBackend(Backend):
         expression) or an ``(N,)`` row mask over the bundle's rows (sent as ``esp_row in [...]``).
         Queries with fewer matching documents than ``k`` get fewer hits: rows padded with ``-1``.
         """
-        q, w, k = self._validate(queries, block_weights, k)
-        expr = self._expression(allowed)
-        nq, K = q.shape[0], len(self.layout)
-        scaled64 = q.astype(np.float64) * self.layout.expand(w)
-        scaled32 = scaled64.astype(np.float32)
-        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)
-        scale = (w * qnorm) @ self._max_block_norm
-        eps = 2.0 * (self.dim + 4) * _U32 * scale
-        hits: list[tuple[np.ndarray, np.ndarray, np.ndarray] | None] = [None] * nq
-        pending = np.arange(nq)
-        c = min(MAX_TOPK, self.candidates(k))
-        while pending.size:
-            found = self._milvus_search(scaled32[pending], c, expr)
-            retry: list[int] = []
-            for j, qi in enumerate(pending.tolist()):
-                rows = np.fromiter((h["entity"][ROW] for h in found[j]), np.int64, len(found[j]))
-                dist = np.fromiter((h["distance"] for h in found[j]), np.float64, len(found[j]))
-                vecs = np.asarray([h["entity"][VECTOR] for h in found[j]], np.float64).reshape(-1, self.dim)
-                complete = (
-                    not self.exact
-                    or len(rows) < c  # every matching document was returned
-                    or dist[c - 1] < np.sort(dist)[::-1][min(k, len(dist)) - 1] - 2.0 * eps[qi]
-                )
-                if complete or c >= MAX_TOPK:
-                    if not complete:
-                        rows, vecs = self._exhaustive(expr)
-                    hits[qi] = (rows, vecs, vecs @ scaled64[qi])
-                else:
-                    retry.append(qi)
-            if retry:
-                self.rescans += len(retry)
-            pending = np.asarray(retry, np.int64)
-            c = min(MAX_TOPK, 4 * c)
-        width = min(k, max((len(h[0]) for h in hits if h is not None), default=0))
-        out_rows = np.full((nq, width), -1, np.int64)
-        out_scores = np.full((nq, width), -np.inf, np.float32)
-        out_sub = np.zeros((nq, width, K), np.float32)
-        for i, h in enumerate(hits):
-            assert h is not None
-            rows, vecs, exact = h
-            order = np.lexsort((rows, -exact))[:width]
-            m = len(order)
-            out_rows[i, :m] = rows[order]
-            out_scores[i, :m] = exact[order]
-            out_sub[i, :m] = (vecs[order] * q[i].astype(np.float64)) @ self._indicator
-        self._remember(out_rows)
-        return SearchResult(out_scores, out_rows, out_sub)
+        result = super().search(queries, block_weights, k, allowed)
+        self._remember(result.rows)
+        return result
 
     def _exhaustive(self, expr: str) -> tuple[np.ndarray, np.ndarray]:
         """Every matching document's row and vector (when ties defeat ``MAX_TOPK`` candidates)."""
@@ -568,10 +547,6 @@ class MilvusBackend(Backend):
             it.close()
         return np.asarray(rows, np.int64), np.asarray(vecs, np.float64).reshape(-1, self.dim)
 
-    def warmup(self) -> None:
-        q = np.asarray(self.master[:1], dtype=np.float32)
-        self.search(q, self.layout.default_weights(), 1)
-
     # --- what hits show -------------------------------------------------------------------------
     def _remember(self, rows: np.ndarray) -> None:
         """Fetch id and display fields of the hits not cached yet (one query per search)."""
@@ -579,14 +554,21 @@ class MilvusBackend(Backend):
         if wanted:
             self._fetch(sorted(wanted))
 
-    def _fetch(self, rows: Sequence[int]) -> None:
-        got = self._client.query(
-            self.settings.collection,
-            filter=f"{ROW} in [{', '.join(str(r) for r in rows)}]",
-            output_fields=[ID, ROW, *self._display],
-            consistency_level=self.settings.consistency,
-            timeout=self.settings.timeout,
+    def _query(self, expr: str, fields: Sequence[str], consistency: str = CONSISTENCY) -> list[Any]:
+        """The ``fields`` of the documents matching ``expr`` (writes and their look-ups: Strong)."""
+        return list(
+            self._client.query(
+                self.settings.collection,
+                filter=expr,
+                output_fields=list(fields),
+                consistency_level=consistency,
+                timeout=self.settings.timeout,
+            )
         )
+
+    def _fetch(self, rows: Sequence[int]) -> None:
+        expr = f"{ROW} in [{', '.join(str(r) for r in rows)}]"
+        got = self._query(expr, [ID, ROW, *self._display], self.settings.consistency)
         with self._lock:
             if len(self._docs) + len(got) > _DOC_CACHE_MAX:
                 self._docs.clear()
@@ -603,13 +585,7 @@ class MilvusBackend(Backend):
 
     # --- writes ---------------------------------------------------------------------------------
     def _rows_of(self, ids: Sequence[str]) -> dict[str, int]:
-        got = self._client.query(
-            self.settings.collection,
-            filter=f"{ID} in [{', '.join(quote(i) for i in ids)}]",
-            output_fields=[ID, ROW],
-            consistency_level=CONSISTENCY,
-            timeout=self.settings.timeout,
-        )
+        got = self._query(f"{ID} in [{', '.join(quote(i) for i in ids)}]", [ID, ROW])
         return {str(r[ID]): int(r[ROW]) for r in got}
 
     def upsert(self, docs: Sequence[LiveDocument]) -> list[int]:
@@ -626,13 +602,7 @@ class MilvusBackend(Backend):
         rows = [known.get(d.id, live_row(d.id)) for d in docs]
         fresh = [r for d, r in zip(docs, rows, strict=True) if d.id not in known]
         if fresh:
-            clash = self._client.query(
-                self.settings.collection,
-                filter=f"{ROW} in [{', '.join(map(str, fresh))}]",
-                output_fields=[ID, ROW],
-                consistency_level=CONSISTENCY,
-                timeout=self.settings.timeout,
-            )
+            clash = self._query(f"{ROW} in [{', '.join(map(str, fresh))}]", [ID, ROW])
             if clash:
                 raise EngineInputError(
                     f"document row {clash[0][ROW]} is taken by id {clash[0][ID]!r}", "documents"

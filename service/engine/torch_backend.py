@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from subspace.engine._gemv import rows_dot
-from subspace.engine.base import BackendUnavailable
+from subspace.engine.base import BackendUnavailable, Capabilities
 from subspace.engine.chunked import ChunkedBackend
 from subspace.engine.numpy_backend import blas_limiter
 
@@ -30,6 +30,7 @@ from subspace.engine.numpy_backend import blas_limiter
 class TorchBackend(ChunkedBackend):
     name: ClassVar[str] = "torch"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    capabilities: ClassVar[Capabilities] = Capabilities()  # exact, the bundle's rows, read-only
     # batches up to this size multiply low precision directly (memory-bound matrix-vector products)
     direct_max_batch: ClassVar[int] = 2
 

@@ -1,6 +1,6 @@
 """Live writes behind the admin token: ``POST /v1/documents`` (upsert) and ``DELETE /v1/documents/{id}``.
 
-Only a backend that stores documents itself (``writable``: the ``milvus`` backend) takes
+Only a backend that declares writes (``capabilities.writes``: the ``milvus`` backend) takes
 writes; they are visible to every search that starts after the call returns (Milvus
 consistency level ``Strong`` on writes and searches). The in-process backends serve a bundle's
 immutable index and answer 409 (:class:`~service.errors.ReadOnlyIndexError`): rebuild the
@@ -18,13 +18,13 @@ import numpy as np
 from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
-from service.engine.milvus_backend import LiveDocument
 from service.errors import NotFoundError, ReadOnlyIndexError
 from service.routes.admin import require_admin
 from service.routes.deps import StateDep
 from service.routes.search import query_vector
 from service.schemas import MAX_TEXT_CHARS, Vector, error_responses
 from service.state import ServingState
+from subspace.engine.base import Backend, LiveDocument
 from subspace.errors import FieldError
 from subspace.filters import coerce_value
 from subspace.scoring import normalize_blocks
@@ -81,9 +81,9 @@ class DeleteResponse(BaseModel):
 router = APIRouter(tags=["documents"], dependencies=[Depends(require_admin)])
 
 
-def _writable(state: ServingState) -> Any:
+def _writable(state: ServingState) -> Backend:
     engine = state.engine
-    if not getattr(engine, "writable", False):
+    if not engine.capabilities.writes:
         raise ReadOnlyIndexError(
             f"the {engine.name} backend serves bundle {state.version} as an immutable in-process index: "
             "rebuild the bundle and reload it (POST /v1/admin/reload), or serve from Milvus "

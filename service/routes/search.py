@@ -283,7 +283,7 @@ def build_results(
         out = []
         rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
         # a backend that stores documents itself (milvus) names its hits; rows -1 pad short lists
-        live = state.engine.documents(h.rows[h.rows >= 0]) if hasattr(state.engine, "documents") else None
+        live = state.engine.documents(h.rows[h.rows >= 0]) if state.engine.capabilities.metadata else None
         for j, (row, score, sub) in enumerate(zip(rows, scores, subs, strict=True)):
             if row < 0:
                 break

@@ -2,35 +2,40 @@
 
 docs/architecture.md section 1: with block-normalised rows and weights ``w_k >= 0``,
 ``score(q, d) = sum_k w_k <q_k, d_k> = <concat_k(w_k q_k), d>``, so a backend only ever scans
-block-*scaled* queries against the unchanged corpus. Every backend follows the same recipe:
+block-*scaled* queries against the unchanged corpus. :meth:`Backend.search` is the one refine
+loop every backend runs (its steps in :mod:`subspace.engine.refine`):
 
-1. **scan** (backend-specific, chunked, float32 or low precision): the top ``c >= k``
-   candidates per query by the scan score ``s'``, sorted, ties at the cut kept;
-2. **completeness check** (here): ``|s' - s| <= eps`` is bounded from the scan's roundoff
+1. **scan** (the backend's part, :meth:`Backend._scan`: chunked, float32 or low precision, on
+   the host or a device): the top ``c >= k`` candidates per query by the scan score ``s'``,
+   sorted, ties at the cut kept;
+2. **completeness check**: ``|s' - s| <= eps`` is bounded from the scan's roundoff
    (``eps = rel_error * sum_k w_k |q_k| max|d_k|``). If ``s'_(c) < s'_(k) - 2 eps`` no row outside
    the candidates can reach the top k; otherwise that query is rescanned with ``4c``;
-3. **exact re-rank** (here): candidates re-scored in float64 from the master corpus (the
-   float32 or float16 matrix as given, e.g. memory-mapped from the bundle), ordered by
-   (score desc, row asc).
+3. **exact re-rank**: candidates re-scored in float64 from the master corpus (the float32 or
+   float16 matrix as given, e.g. memory-mapped from the bundle), ordered by (score desc, row asc).
 
 So every backend and precision returns exactly the float64 brute-force top k; low precision
-changes only speed (and, on adversarial data, how often step 2 rescans).
+changes only speed (and, on adversarial data, how often step 2 rescans). An approximate backend
+supplies its own candidates instead (:meth:`Backend._candidates`) and declares so in its
+:class:`Capabilities`; its candidates are still re-ranked exactly.
 """
 
 from __future__ import annotations
 
-import functools
-import inspect
 import os
 from abc import ABC, abstractmethod
-from collections.abc import Callable
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
 from types import ModuleType
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 
+from subspace.engine import refine
 from subspace.engine._select import TopCandidates
+from subspace.engine.refine import Array, Batch, Candidates, Filter
 from subspace.errors import FieldError
+from subspace.filters import MetadataSchema
 from subspace.layout import SubspaceLayout
 from subspace.scoring import subspace_scores
 
@@ -41,13 +46,38 @@ PRECISIONS: dict[str, float] = {
     "bfloat16": 2.0**-8,
 }
 _U32 = 2.0**-24
-_RERANK_BLOCK = 1 << 21  # float64 elements gathered at once by the re-rank (16 MiB)
+_F16_SUB = 2.0**-25  # absolute rounding error of a float16 subnormal (|x| < 2**-14)
 
 
 class SearchResult(NamedTuple):
     scores: np.ndarray  # (nq, k') float32, descending; k' = min(k, N)
     rows: np.ndarray  # (nq, k') int64 row indices into the corpus; ties -> lower row first
     subspace_scores: np.ndarray  # (nq, k', K) float32 per-block cosines of those hits (unweighted)
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What a backend offers beyond the exact search of :class:`Backend`; the service asks these,
+    never the backend's attributes."""
+
+    #: ``allowed`` may be a :class:`~subspace.filters.CompiledFilter`: the backend evaluates it
+    native_filters: bool = False
+    #: the backend holds its documents: :attr:`Backend.metadata_schema` and
+    #: :meth:`Backend.documents` (ids and display fields of hits) instead of the bundle's
+    metadata: bool = False
+    #: :meth:`Backend.upsert` and :meth:`Backend.delete` (``POST``/``DELETE /v1/documents``)
+    writes: bool = False
+    #: results may be approximate (by the backend's settings); they are still re-ranked exactly
+    approximate: bool = False
+
+
+@dataclass(frozen=True)
+class LiveDocument:
+    """A document to write: id, ``(D,)`` block-normalised vector, metadata values by field."""
+
+    id: str
+    vector: np.ndarray
+    fields: Mapping[str, Any]
 
 
 class BackendUnavailable(RuntimeError):  # noqa: N818 - the name is the interface
@@ -72,12 +102,23 @@ class Backend(ABC):
     ``corpus``: ``(N, D)`` float32 or float16, block-normalised; kept as given (no copy), so a
     read-only ``np.memmap`` from the bundle stays on disk. ``precision`` is the storage the scan
     reads: ``float32`` scans the master itself, ``float16``/``bfloat16`` scan a low-precision
-    copy in RAM and re-rank against the master. ``threads`` defaults to all cores;
-    ``chunk_rows`` (rows scanned per step) defaults to a size that keeps the working set small.
+    copy and re-rank against the master. ``threads`` defaults to all cores; ``chunk_rows``
+    (rows scanned per step) defaults to a size that keeps the working set small.
+
+    A backend supplies its scan (:meth:`_scan`) and, optionally, where it runs
+    (:meth:`_array_module`, :meth:`_to_device`, :meth:`_to_host`) and its own candidates
+    (:meth:`_candidates`, an approximate index or a store); the rest is this class.
     """
 
     name: ClassVar[str]
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
+    capabilities: ClassVar[Capabilities] = Capabilities()
+    #: the scan applies a row mask itself (:meth:`_scan_masked`)
+    scan_masks: ClassVar[bool] = False
+    #: float64 elements gathered at once by the re-rank and the per-subspace scores
+    rerank_elements: ClassVar[int] = 1 << 21
+    #: the schema of the documents a backend with ``capabilities.metadata`` holds
+    metadata_schema: MetadataSchema | None = None
 
     def __init__(
         self,
@@ -121,7 +162,16 @@ class Backend(ABC):
         self._indicator = layout.indicator(np.float64)
         self._max_block_norm = max_block_norms(corpus, layout)
         self.rescans = 0  # queries that needed a wider candidate set (step 2), since start
+        self.xp: ModuleType = self._array_module()
+        self._master_dev: Any = corpus  # what the re-rank gathers from (a device backend: its copy)
         self._load(corpus)
+        xp = self.xp  # the layout's constants, where the loop runs
+        self._block_of = xp.asarray(layout.block_ids())
+        self._ind64 = xp.asarray(self._indicator)
+        self._maxnorm = xp.asarray(self._max_block_norm)
+        # float16 queries and scores: a subnormal is off by up to 2**-25 absolute, not relative
+        dims = np.asarray(layout.dims, np.float64)
+        self._lowp_abs = _F16_SUB * (float(np.sqrt(dims) @ self._max_block_norm) + 1.0)
 
     # --- what a backend provides ----------------------------------------------------------
     def _require(self) -> None:  # noqa: B027 - optional hook: most backends need nothing
@@ -133,33 +183,33 @@ class Backend(ABC):
     def _load(self, corpus: np.ndarray) -> None:  # noqa: B027 - optional hook
         """Build the scan structures from the validated corpus; the master stays as given."""
 
-    # --- properties ---------------------------------------------------------------------
-    @property
-    def num_docs(self) -> int:
-        return int(self.master.shape[0])
-
-    @property
-    def dim(self) -> int:
-        return int(self.master.shape[1])
-
-    @property
-    def precision(self) -> str:
-        return self._precision
-
-    def set_threads(self, threads: int) -> None:
-        """Change the thread count for later searches."""
-        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
-            raise EngineInputError(f"threads must be an integer >= 1, got {threads!r}", "threads")
-        self.threads = threads
-
-    # --- what a backend implements ----------------------------------------------------------
     @abstractmethod
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan(self, scaled: Array, c: int) -> tuple[Array, Array]:
         """Top ``c`` rows per query by scan score: ``(rows int64, scores float32)``, ``(nq, m)``.
 
-        ``scaled``: ``(nq, D)`` float32 block-scaled queries. Sorted by score desc; entries tied
-        with the ``c``-th may be included (``m > c``); padding is row ``-1``, score ``-inf``.
+        ``scaled``: ``(nq, D)`` float32 block-scaled queries (arrays of :attr:`xp`). Sorted by
+        score desc; entries tied with the ``c``-th may be included (``m > c``); padding is row
+        ``-1``, score ``-inf``, and fewer than ``c`` rows come back only when fewer are there.
         """
+
+    def _scan_masked(self, scaled: Array, c: int, allowed: Array) -> tuple[Array, Array]:
+        """:meth:`_scan` among the rows of ``allowed`` (a mask on :attr:`xp`; other rows are not
+        returned), for a backend whose scan masks (:attr:`scan_masks`)."""
+        raise NotImplementedError(f"{self.name}: the scan takes no mask")
+
+    def _array_module(self) -> ModuleType:
+        """The module of the arrays the search runs on (numpy; a device backend: cupy)."""
+        return np
+
+    def _to_device(self, x: np.ndarray) -> Array:
+        return self.xp.asarray(x)
+
+    def _to_host(self, x: Array) -> np.ndarray:
+        return np.asarray(x)
+
+    def _stable_argsort(self, x: Array) -> Array:
+        """Per-row ascending order of ``x`` ``(m, M)``, equal entries kept in column order."""
+        return self.xp.argsort(x, axis=1, kind="stable")
 
     def _scan_rel_error(self, nq: int) -> float:
         """Bound on ``|s' - s|`` per unit of ``sum_k w_k |q_k| |d_k|`` for a scan of ``nq`` queries.
@@ -183,7 +233,26 @@ class Backend(ABC):
             return k + max(8, k // 8)
         return k + max(64, k)
 
-    # --- the search -----------------------------------------------------------------------
+    # --- properties ---------------------------------------------------------------------
+    @property
+    def num_docs(self) -> int:
+        return int(self.master.shape[0])
+
+    @property
+    def dim(self) -> int:
+        return int(self.master.shape[1])
+
+    @property
+    def precision(self) -> str:
+        return self._precision
+
+    def set_threads(self, threads: int) -> None:
+        """Change the thread count for later searches."""
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise EngineInputError(f"threads must be an integer >= 1, got {threads!r}", "threads")
+        self.threads = threads
+
+    # --- the search: one refine loop ------------------------------------------------------
     def search(
         self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
     ) -> SearchResult:
@@ -192,35 +261,153 @@ class Backend(ABC):
         ``queries``: ``(nq, D)`` block-normalised, unscaled; ``block_weights``: ``(K,)`` or
         ``(nq, K)``, finite and ``>= 0``. Returns ``min(k, N)`` hits per query.
         ``allowed``: ``None`` (every row) or an ``(N,)`` boolean mask of the rows that may be
-        returned (a metadata filter, :mod:`subspace.filters`): then the exact top ``k`` among
-        those rows, ``min(k, allowed.sum())`` hits per query (:meth:`_search_allowed`).
+        returned (a metadata filter, :mod:`subspace.filters`; a backend with
+        ``capabilities.native_filters`` also takes the compiled filter itself): then the exact
+        top ``k`` among those rows, ``min(k, allowed.sum())`` hits per query. Where the number
+        of allowed rows is not known here (a store), shorter lists are padded with row ``-1``.
+
+        On the array module: the host sends the queries and weights once and receives the
+        results once per round (with a ``(nq,)`` flag saying which queries the bound accepts;
+        the others are rescanned with ``4c``, rarely).
         """
         q, w, k = self._validate(queries, block_weights, k)
-        if allowed is not None:
-            return self._search_allowed(q, w, k, self._check_allowed(allowed))
-        n = self.num_docs
-        kk = min(k, n)
-        scaled64, scaled32, scale = self._scaled(q, w)
+        flt = self._filter(allowed)
+        nq, nk = q.shape[0], len(self.layout)
+        kk = k if flt.n_allowed is None else min(k, flt.n_allowed)
+        if kk == 0:
+            none = np.empty((nq, 0))
+            sub0 = np.empty((nq, 0, nk), np.float32)
+            return SearchResult(none.astype(np.float32), none.astype(np.int64), sub0)
+        batch = self._batch(q, w, kk)
+        out_rows = np.full((nq, kk), -1, np.int64)
+        out_scores = np.full((nq, kk), -np.inf, np.float32)
+        out_sub = np.zeros((nq, kk, nk), np.float32)
+        pending = np.arange(nq)
+        c = self.candidates(kk)
+        while True:
+            part = batch if len(pending) == nq else batch.take(self._to_device(pending))
+            if flt.n_allowed is not None and c >= flt.n_allowed:  # every (allowed) row is a candidate
+                cand = self._every(flt, len(pending))
+            else:
+                cand = self._candidates(part, c, flt)
+            rows, done = self._complete(part, cand)
+            r, s = self._rerank(part, rows, cand.source)
+            sub = self._subspace(part.queries, r, cand.source)
+            # the one transfer back: results, and which queries the bound accepts
+            done_h = np.ones(len(pending), bool) if done is None else self._to_host(done)
+            rh, sh, subh = self._to_host(r), self._to_host(s), self._to_host(sub)
+            idx = pending[done_h]
+            out_rows[idx], out_scores[idx], out_sub[idx] = rh[done_h], sh[done_h], subh[done_h]
+            if done_h.all():
+                break
+            self.rescans += int((~done_h).sum())
+            pending = pending[~done_h]
+            c *= 4
+        if flt.n_allowed is None:  # as wide as the longest list found
+            width = int((out_rows >= 0).sum(axis=1).max())
+            out_rows, out_scores, out_sub = out_rows[:, :width], out_scores[:, :width], out_sub[:, :width]
+        return SearchResult(out_scores, out_rows, out_sub)
 
-        def step(pending: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-            if c >= n:
-                every = np.broadcast_to(np.arange(n, dtype=np.int64), (pending.size, n))
-                return every, np.ones(pending.size, bool)
-            rows, scan = self._scan(scaled32[pending], c)
-            eps = self._scan_rel_error(pending.size) * scale[pending]
-            done = self._complete(rows, scan, kk, c, eps)
-            return self._prune(rows, scan, kk, eps), done
+    def _batch(self, q: np.ndarray, w: np.ndarray, k: int) -> Batch:
+        """The block-scaled queries where the loop runs (the one upload of queries and weights)."""
+        qd = self._to_device(q)
+        wd = self._to_device(np.ascontiguousarray(w, dtype=np.float64))
+        return refine.scale(
+            self.xp, qd, wd, block_of=self._block_of, indicator=self._ind64, max_norm=self._maxnorm, k=k
+        )
 
-        return self._refine(q, scaled64, kk, self.candidates(kk), step)
+    def _eps(self, batch: Batch) -> Array:
+        """Bound on ``|s' - s|`` per query, in the units of the scan (``Batch.factor``)."""
+        m = batch.scan.shape[0]
+        eps = self._scan_rel_error(m) * batch.bound * batch.factor
+        return eps + self._lowp_abs if self._lowp_products(m) else eps
 
-    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
-        """Release what the backend holds beyond memory (threads, device buffers, indexes).
+    def _complete(self, batch: Batch, cand: Candidates) -> tuple[Array, Array]:
+        """Steps 2 and 3's first half: the candidates worth re-ranking, and per query whether
+        they are complete (``None``: all are, the generator vouched for them)."""
+        if cand.scores is None:
+            return cand.rows, None
+        xp, eps = self.xp, self._eps(batch)
+        done = None if cand.bound is None else refine.complete(xp, cand.scores, cand.bound, batch.k, eps)
+        return refine.prune(xp, cand.rows, cand.scores, batch.k, eps, trim=xp is np), done
 
-        The service calls it once no request uses the engine any more (a hot reload retired
-        it); a backend must not be searched after. Idempotent.
+    def _every(self, flt: Filter, m: int) -> Candidates:
+        every = np.arange(self.num_docs, dtype=np.int64) if flt.rows is None else flt.rows
+        return Candidates(self.xp.broadcast_to(self._to_device(every), (m, every.size)))
+
+    def _candidates(self, batch: Batch, c: int, flt: Filter) -> Candidates:
+        """The scan's top ``c`` (among the allowed rows) and the bound on every other row.
+
+        With a row mask: a scan that masks (:attr:`scan_masks`) takes it; otherwise a
+        selective mask (at most a quarter of the rows) scans only its rows (:meth:`_scan_rows`)
+        and a broad one asks the backend's scan for ``c * N / n_allowed`` candidates and keeps
+        the allowed ones: a row outside those scores at most the wide scan's bound.
         """
+        if flt.mask is None or self.scan_masks:
+            if flt.mask is None:
+                rows, scores = self._scan(batch.scan, c)
+            else:
+                rows, scores = self._scan_masked(batch.scan, c, flt.arg)
+            return Candidates(rows, scores, refine.scan_bound(self.xp, rows, scores, c))
+        assert flt.rows is not None
+        assert flt.n_allowed is not None
+        n = self.num_docs
+        if 4 * flt.n_allowed <= n:
+            rows, scores = self._scan_rows(batch.scan, flt.rows, c)
+            return Candidates(rows, scores, refine.scan_bound(np, rows, scores, c))
+        wide = -(-c * n // flt.n_allowed)
+        if wide >= n:
+            return self._every(flt, batch.scan.shape[0])
+        full, scan = self._scan(batch.scan, wide)
+        rows, scores = refine.keep_allowed(full, scan, flt.mask, batch.k)
+        return Candidates(rows, scores, refine.scan_bound(np, full, scan, wide))
+
+    def _scan_rows(self, scaled: np.ndarray, idx: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+        """:meth:`_scan` restricted to rows ``idx`` (ascending), read from the master in float32."""
+        sel = TopCandidates(scaled.shape[0], c)
+        step = max(256, self.rerank_elements // max(1, self.dim))
+        for s in range(0, idx.size, step):
+            block = np.asarray(self.master[idx[s : s + step]], dtype=np.float32)
+            sel.add(np.ascontiguousarray(scaled @ block.T), s)
+        pos, scores = sel.result()
+        return np.where(pos >= 0, idx[np.maximum(pos, 0)], -1), scores
+
+    def _exact_scores(self, batch: Batch, rows: Array, source: Any) -> Array:
+        """Float64 scores of candidate ``rows`` ``(m, M)`` (``-1``: ``-inf``), vectors read from
+        ``source`` (the master). The dense block-scaled product; an extra exact term (a sparse
+        block's weighted dot, :mod:`subspace.engine.refine`) is added here."""
+        xp = self.xp
+        return refine.exact_scores(
+            xp, lambda i: source[i].astype(xp.float64), batch.scaled64, rows, self.rerank_elements
+        )
+
+    def _rerank(self, batch: Batch, rows: Array, source: Any = None) -> tuple[Array, Array]:
+        """Exact top ``k`` of candidate ``rows``: ``(rows, scores float32)`` ``(m, k)``."""
+        src = self._master_dev if source is None else source
+        return refine.rank(self.xp, self._exact_scores(batch, rows, src), rows, batch.k, self._stable_argsort)
+
+    def _subspace(self, queries: Array, rows: Array, source: Any = None) -> Array:
+        """Per-block cosines ``(m, k, K)`` float32 of the hits (``0`` for padding), in query blocks."""
+        xp = self.xp
+        src = self._master_dev if source is None else source
+        m, k = rows.shape
+        step = max(1, self.rerank_elements // (max(1, k) * self.dim))
+        parts = [
+            subspace_scores(queries[q0 : q0 + step], src, rows[q0 : q0 + step], self.layout)
+            for q0 in range(0, m, step)
+        ]
+        out = parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=0)
+        return xp.where((rows >= 0)[..., None], out, 0.0).astype(xp.float32)
 
     # --- filtered search (an allowed-rows mask) ---------------------------------------------
+    def _filter(self, allowed: Any) -> Filter:
+        """``allowed`` as the loop uses it (a backend that filters itself returns its own form)."""
+        if allowed is None:
+            return Filter(self.num_docs)
+        mask = self._check_allowed(allowed)
+        idx = np.flatnonzero(mask)
+        return Filter(int(idx.size), idx, mask, self._to_device(mask) if self.scan_masks else mask)
+
     def _check_allowed(self, allowed: Any) -> np.ndarray:
         mask = np.asarray(allowed)
         if mask.dtype != np.bool_ or mask.shape != (self.num_docs,):
@@ -230,152 +417,31 @@ class Backend(ABC):
             )
         return mask
 
-    def __init_subclass__(cls, **kwargs: Any) -> None:
-        """A subclass whose own ``search`` predates ``allowed`` still answers filtered searches:
-        exactly, through :meth:`_search_allowed` over the allowed rows only (never its scan)."""
-        super().__init_subclass__(**kwargs)
-        own = cls.__dict__.get("search")
-        if own is None or "allowed" in inspect.signature(own).parameters:
-            return
+    # --- what capabilities promise (Capabilities) -----------------------------------------
+    def documents(self, rows: Iterable[int]) -> list[tuple[str, dict[str, Any]]]:
+        """``(id, display fields)`` of each row a search returned (``capabilities.metadata``)."""
+        raise BackendUnavailable(f"{self.name}: the bundle names the hits, not the backend")
 
-        @functools.wraps(own)
-        def search(
-            self: Backend, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
-        ) -> SearchResult:
-            if allowed is None:
-                result: SearchResult = own(self, queries, block_weights, k)
-                return result
-            q, w, kk = self._validate(queries, block_weights, k)
-            return self._search_allowed(q, w, kk, self._check_allowed(allowed), own_scan=False)
+    def upsert(self, docs: Sequence[LiveDocument]) -> list[int]:
+        """Insert or replace documents by id; returns their rows (``capabilities.writes``)."""
+        raise BackendUnavailable(f"{self.name}: an immutable index takes no writes")
 
-        cls.search = search  # type: ignore[method-assign]
+    def delete(self, doc_id: str) -> bool:
+        """Delete a document by id; ``False`` when there is none (``capabilities.writes``)."""
+        raise BackendUnavailable(f"{self.name}: an immutable index takes no writes")
 
-    def _search_allowed(
-        self, q: np.ndarray, w: np.ndarray, k: int, mask: np.ndarray, *, own_scan: bool = True
-    ) -> SearchResult:
-        """The exact top ``k`` among the rows of ``mask``, by the same three steps.
+    # --- lifetime ---------------------------------------------------------------------------
+    def close(self) -> None:  # noqa: B027 - optional hook: most backends hold nothing to release
+        """Release what the backend holds beyond memory (threads, device buffers, indexes).
 
-        A selective mask (at most a quarter of the rows) scans only its rows (gathered, float32
-        products, :class:`~subspace.engine._select.TopCandidates`); a broad one asks the
-        backend's own scan for ``c * N / n_allowed`` candidates and keeps the allowed ones. The
-        completeness check holds the same way: a row outside the candidates scores at most the
-        scan's ``c``-th score ``b``, so the allowed top ``k`` is complete once ``b`` is below its
-        ``k``-th by ``2 eps``; otherwise the query is rescanned with ``4c``. ``own_scan=False``
-        always takes the first way (exact whatever the backend's scan is).
+        The service calls it once no request uses the engine any more (a hot reload retired
+        it); a backend must not be searched after. Idempotent.
         """
-        nq, n, K = q.shape[0], self.num_docs, len(self.layout)
-        idx = np.flatnonzero(mask)
-        na = int(idx.size)
-        kk = min(k, na)
-        if kk == 0:
-            empty = np.empty((nq, 0))
-            return SearchResult(
-                empty.astype(np.float32), empty.astype(np.int64), np.empty((nq, 0, K), np.float32)
-            )
-        scaled64, scaled32, scale = self._scaled(q, w)
-        subset = 4 * na <= n or not own_scan
-        total = na if subset else n
-        c = self.candidates(kk)
-        if not subset:
-            c = -(-c * n // na)
-
-        def step(pending: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-            if c >= total:
-                return np.broadcast_to(idx, (pending.size, na)), np.ones(pending.size, bool)
-            if subset:
-                full, scan = self._scan_rows(scaled32[pending], idx, c)
-            else:
-                full, scan = self._scan(scaled32[pending], c)
-            eps = self._scan_rel_error(pending.size) * scale[pending]
-            bound = scan[:, c - 1] if scan.shape[1] >= c else np.full(len(scan), -np.inf, np.float32)
-            rows, scan = _keep_allowed(full, scan, mask, kk)
-            kth = scan[:, kk - 1].astype(np.float64)
-            done = ((rows >= 0).sum(axis=1) >= kk) & (bound.astype(np.float64) < kth - 2.0 * eps)
-            done |= (full >= 0).sum(axis=1) >= total
-            return self._prune(rows, scan, kk, eps), done
-
-        return self._refine(q, scaled64, kk, c, step)
-
-    def _scaled(self, q: np.ndarray, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """The block-scaled queries in float64 and float32, and per query the bound
-        ``sum_k w_k |q_k| max|d_k|`` on any score (the scan's error scales with it)."""
-        scaled64 = q.astype(np.float64) * self.layout.expand(w)  # (nq, D)
-        qnorm = np.sqrt((q.astype(np.float64) ** 2) @ self._indicator)  # (nq, K)
-        return scaled64, scaled64.astype(np.float32), (w * qnorm) @ self._max_block_norm
-
-    def _refine(
-        self,
-        q: np.ndarray,
-        scaled64: np.ndarray,
-        kk: int,
-        c: int,
-        step: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]],
-    ) -> SearchResult:
-        """The loop both searches share: ``step(pending, c)`` scans the pending queries for ``c``
-        candidates and returns their pruned candidate rows and which are complete; those are
-        re-ranked exactly, the others rescanned with ``4c``. Then the per-subspace scores."""
-        nq = q.shape[0]
-        out_rows = np.empty((nq, kk), np.int64)
-        out_scores = np.empty((nq, kk), np.float32)
-        pending = np.arange(nq)
-        while pending.size:
-            rows, done = step(pending, c)
-            if done.any():
-                sel = pending[done]
-                out_rows[sel], out_scores[sel] = self._rerank(scaled64[sel], rows[done], kk)
-            if not done.all():
-                self.rescans += int((~done).sum())
-            pending = pending[~done]
-            c *= 4
-        sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
-        return SearchResult(out_scores, out_rows, sub)
-
-    def _scan_rows(self, scaled: np.ndarray, idx: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
-        """:meth:`_scan` restricted to rows ``idx`` (ascending), read from the master in float32."""
-        sel = TopCandidates(scaled.shape[0], c)
-        step = max(256, _RERANK_BLOCK // max(1, self.dim))
-        for s in range(0, idx.size, step):
-            block = np.asarray(self.master[idx[s : s + step]], dtype=np.float32)
-            sel.add(np.ascontiguousarray(scaled @ block.T), s)
-        pos, scores = sel.result()
-        return np.where(pos >= 0, idx[np.maximum(pos, 0)], -1), scores
 
     def warmup(self) -> None:
-        """One tiny search, so first-request costs (thread pools, page-ins) are paid up front."""
+        """One small search, so first-request costs (thread pools, page-ins) are paid up front."""
         q = np.asarray(self.master[:1], dtype=np.float32)
-        self.search(q, self.layout.default_weights(), 1)
-
-    # --- steps 2 and 3 ----------------------------------------------------------------------
-    def _complete(self, rows: np.ndarray, scan: np.ndarray, k: int, c: int, eps: np.ndarray) -> np.ndarray:
-        """Per query: can no row outside the candidates reach the exact top ``k``?"""
-        count = (rows >= 0).sum(axis=1)
-        if rows.shape[1] < c:
-            return count >= self.num_docs
-        gap_ok = scan[:, c - 1].astype(np.float64) < scan[:, k - 1].astype(np.float64) - 2.0 * eps
-        return (count >= self.num_docs) | gap_ok
-
-    @staticmethod
-    def _prune(rows: np.ndarray, scan: np.ndarray, k: int, eps: np.ndarray) -> np.ndarray:
-        """Drop candidates that cannot be in the top ``k``, before the (costly) exact re-rank.
-
-        The ``k`` best candidates all score at least ``s'_(k) - eps``, so the exact ``k``-th
-        score does too; a row with ``s' < s'_(k) - 2 eps`` scores below ``s'_(k) - eps``: out.
-        ``scan`` is sorted descending, so the dropped rows are a tail, cut off where possible.
-        """
-        cut = scan[:, k - 1].astype(np.float64) - 2.0 * eps
-        keep = scan.astype(np.float64) >= cut[:, None]
-        keep[:, :k] = True
-        width = max(k, int(keep.sum(axis=1).max()))
-        return np.where(keep, rows, -1)[:, :width]
-
-    def _rerank(self, scaled64: np.ndarray, rows: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Float64 scores of candidate ``rows`` ``(nq, m)`` (``-1`` = padding); exact top ``k``."""
-        exact = exact_scores(
-            np, lambda i: np.asarray(self.master[i], dtype=np.float64), scaled64, rows, _RERANK_BLOCK
-        )
-        key_rows = np.where(rows >= 0, rows, np.iinfo(np.int64).max)
-        order = np.lexsort((key_rows, -exact), axis=-1)[:, :k]
-        return np.take_along_axis(rows, order, 1), np.take_along_axis(exact, order, 1).astype(np.float32)
+        self.search(q, self.layout.default_weights(), min(10, self.num_docs))
 
     # --- validation -------------------------------------------------------------------------
     def _validate(self, queries: Any, block_weights: Any, k: Any) -> tuple[np.ndarray, np.ndarray, int]:
@@ -400,47 +466,6 @@ class Backend(ABC):
         if not np.isfinite(w).all() or (w < 0).any():
             raise EngineInputError("block_weights must be finite and >= 0", "block_weights")
         return q, np.broadcast_to(w, (q.shape[0], K)), int(k)
-
-
-def exact_scores(
-    xp: ModuleType, gather: Callable[[Any], Any], scaled64: Any, rows: Any, elements: int
-) -> Any:
-    """Float64 scores ``<scaled64[i], master[rows[i, j]]>`` of candidate ``rows`` ``(nq, m)``
-    (``-1`` = none: ``-inf``), on the arrays of module ``xp`` (numpy, cupy). ``gather(idx)``
-    returns the master's rows ``idx`` in float64; it is asked for about ``elements`` values at
-    a time (tiles of queries x candidates), so the gathered block stays bounded."""
-    nq, m = rows.shape
-    dim = scaled64.shape[1]
-    exact = xp.full((nq, m), -xp.inf, dtype=xp.float64)
-    cols = max(1, min(m, elements // dim))
-    step = max(1, elements // (dim * cols))
-    for q0 in range(0, nq, step):
-        q1 = min(nq, q0 + step)
-        for c0 in range(0, m, cols):
-            c1 = min(m, c0 + cols)
-            r = rows[q0:q1, c0:c1]
-            valid = r >= 0
-            hits = gather(xp.where(valid, r, 0).reshape(-1)).reshape(q1 - q0, c1 - c0, dim)
-            s = xp.matmul(hits, scaled64[q0:q1, :, None])[..., 0]
-            exact[q0:q1, c0:c1] = xp.where(valid, s, -xp.inf)
-    return exact
-
-
-def _keep_allowed(
-    rows: np.ndarray, scores: np.ndarray, mask: np.ndarray, k: int
-) -> tuple[np.ndarray, np.ndarray]:
-    """Candidates ``(nq, m)`` (sorted, ``-1`` padding) -> the allowed ones, still sorted, left
-    aligned, padded to at least ``k`` columns."""
-    keep = (rows >= 0) & mask[np.maximum(rows, 0)]
-    width = max(k, int(keep.sum(axis=1).max()) if keep.size else 0)
-    order = np.argsort(~keep, axis=1, kind="stable")[:, :width]
-    out_rows = np.take_along_axis(np.where(keep, rows, -1), order, 1)
-    out_scores = np.take_along_axis(np.where(keep, scores, -np.inf), order, 1)
-    if out_rows.shape[1] < width:
-        pad = width - out_rows.shape[1]
-        out_rows = np.pad(out_rows, ((0, 0), (0, pad)), constant_values=-1)
-        out_scores = np.pad(out_scores, ((0, 0), (0, pad)), constant_values=-np.inf)
-    return out_rows, out_scores.astype(np.float32)
 
 
 def check_precision(precision: str) -> None:

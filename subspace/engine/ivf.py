@@ -41,11 +41,11 @@ import numpy as np
 from scipy.special import log_ndtr
 
 from subspace.engine._gemv import rows_dot
-from subspace.engine.base import Backend, EngineInputError, SearchResult
+from subspace.engine.base import Backend, Capabilities, EngineInputError
 from subspace.engine.ivf_index import IvfIndex, IvfIndexError, IvfParams, build_index
 from subspace.engine.numpy_backend import blas_limiter
+from subspace.engine.refine import Batch, Candidates, Filter, stack_rows
 from subspace.layout import SubspaceLayout
-from subspace.scoring import subspace_scores
 
 _U32 = 2.0**-24
 
@@ -74,6 +74,7 @@ class SearchStats:
 class IvfBackend(Backend):
     name: ClassVar[str] = "ivf"
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
+    capabilities: ClassVar[Capabilities] = Capabilities(approximate=True)  # with max_touched
     _pool: ThreadPoolExecutor | None = None
 
     def __init__(
@@ -81,9 +82,6 @@ class IvfBackend(Backend):
         corpus: np.ndarray,
         layout: SubspaceLayout,
         *,
-        precision: str = "float32",
-        threads: int | None = None,
-        chunk_rows: int | None = None,
         index: IvfIndex | None = None,
         params: IvfParams | None = None,
         max_touched: float | None = None,
@@ -92,7 +90,9 @@ class IvfBackend(Backend):
         step_fraction: float = 0.004,
         spread: float = 1.0,
         tail: str = "gauss",
+        **settings: Any,
     ) -> None:
+        """``settings``: the :class:`Backend` ones (``precision``, ``threads``, ``chunk_rows``)."""
         if max_touched is not None and (
             isinstance(max_touched, bool)
             or not isinstance(max_touched, int | float)
@@ -115,7 +115,7 @@ class IvfBackend(Backend):
         self.tail = tail
         self.last_stats: SearchStats | None = None
         self._pool: ThreadPoolExecutor | None = None
-        super().__init__(corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows)
+        super().__init__(corpus, layout, **settings)
 
     # --- load ---------------------------------------------------------------------------------
     def _load(self, corpus: np.ndarray) -> None:
@@ -146,65 +146,23 @@ class IvfBackend(Backend):
         self._buf_rows = int(self._sizes.max()) if len(self._sizes) else 1
 
     # --- the search ------------------------------------------------------------------------------
-    def search(
-        self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
-    ) -> SearchResult:
-        """Weighted top ``k`` (exact unless ``max_touched`` is set; then approximate).
+    def _candidates(self, batch: Batch, c: int, flt: Filter) -> Candidates:
+        """The probed lists' rows within the scan's roundoff of the k-th (final: the probing's
+        own stop rule decided, exactly unless ``max_touched`` is set).
 
-        ``allowed``: ``None`` or an ``(N,)`` boolean mask of the rows that may be returned. A
-        selective mask (at most a quarter of the rows) is answered by an exact scan of its
-        rows; a broad one keeps only allowed rows among the probed lists' members.
+        A selective mask (at most a quarter of the rows) is answered by the exact scan of its
+        rows (:class:`Backend`'s); a broad one keeps only allowed rows among the probed members.
         """
-        q, w, k = self._validate(queries, block_weights, k)
-        mask = None if allowed is None else self._check_allowed(allowed)
-        nq, K = q.shape[0], len(self.layout)
-        scaled64 = q.astype(np.float64) * self.layout.expand(w)
-        n_ok = self.num_docs if mask is None else int(mask.sum())
-        kk = min(k, n_ok)
-        if kk == 0:
-            return SearchResult(
-                np.empty((nq, 0), np.float32), np.empty((nq, 0), np.int64), np.empty((nq, 0, K), np.float32)
-            )
-        if mask is not None and 4 * n_ok <= self.num_docs:
-            out_rows, out_scores = self._exact_rows(scaled64, np.flatnonzero(mask), kk)
-        else:
-            rows_band, _ = self._probe(scaled64, kk, mask)
-            width = max(kk, *(len(r) for r in rows_band))
-            rows = np.full((len(rows_band), width), -1, np.int64)
-            for i, r in enumerate(rows_band):
-                rows[i, : len(r)] = r
-            out_rows, out_scores = self._rerank(scaled64, rows, kk)
-        sub = subspace_scores(q, self.master, out_rows, self.layout).astype(np.float32)
-        return SearchResult(out_scores, out_rows, sub)
-
-    def _exact_rows(self, scaled64: np.ndarray, idx: np.ndarray, kk: int) -> tuple[np.ndarray, np.ndarray]:
-        """Exact float64 top ``kk`` among rows ``idx`` (ascending): ``(rows, scores float32)``."""
-        nq = scaled64.shape[0]
-        best_r = np.empty((nq, 0), np.int64)
-        best_s = np.empty((nq, 0))
-        step = max(256, (1 << 21) // max(1, self.dim))
-        for s in range(0, idx.size, step):
-            rows = idx[s : s + step]
-            sc = scaled64 @ np.asarray(self.master[rows], dtype=np.float64).T
-            cand_r = np.concatenate([best_r, np.broadcast_to(rows, (nq, rows.size))], axis=1)
-            cand_s = np.concatenate([best_s, sc], axis=1)
-            order = np.lexsort((cand_r, -cand_s), axis=-1)[:, :kk]
-            best_r = np.take_along_axis(cand_r, order, 1)
-            best_s = np.take_along_axis(cand_s, order, 1)
-        return best_r, best_s.astype(np.float32)
+        if flt.mask is not None and 4 * (flt.n_allowed or 0) <= self.num_docs:
+            return super()._candidates(batch, c, flt)
+        rows, _ = stack_rows(*self._probe(batch.scaled64, batch.k, flt.mask), width=batch.k)
+        return Candidates(rows)
 
     def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
         """The probing alone: top ``c`` by scan score among the rows the probing scanned."""
-        rows_band, scores_band = self._probe(np.asarray(scaled, np.float64), min(c, self.num_docs))
-        width = max(len(r) for r in rows_band)
-        rows = np.full((len(rows_band), width), -1, np.int64)
-        scores = np.full((len(rows_band), width), -np.inf, np.float32)
-        for i, (r, s) in enumerate(zip(rows_band, scores_band, strict=True)):
-            o = np.argsort(-s, kind="stable")
-            rows[i, : len(r)], scores[i, : len(r)] = r[o], s[o]
-        return rows, scores
+        return stack_rows(*self._probe(np.asarray(scaled, np.float64), min(c, self.num_docs)))
 
-    def _eps(self, scaled64: np.ndarray) -> np.ndarray:
+    def _code_eps(self, scaled64: np.ndarray) -> np.ndarray:
         """Per query: bound on ``|scan score - exact score|`` (code rounding + float32 sums)."""
         absq = np.abs(scaled64)
         if self._int8:
@@ -234,7 +192,7 @@ class IvfBackend(Backend):
             np.float64
         )
         sigma += 1e-12
-        eps = self._eps(scaled64)
+        eps = self._code_eps(scaled64)
 
         probed = np.zeros((nq, lt), bool)
         touched = np.zeros(nq, np.int64)

@@ -1,7 +1,8 @@
-"""``ESP_INDEX=ivf``: the index in the bundle (``esp index --ann``), served live, refused when bad."""
+"""``ESP_BACKEND=ivf``: the index in the bundle (``esp index --ann``), served live, refused when bad."""
 
 from __future__ import annotations
 
+import functools
 import json
 from pathlib import Path
 
@@ -12,7 +13,8 @@ import pytest
 from bench.live_server import start_server
 from esp_cli.main import main as esp
 from service.config import Settings
-from service.engine.ann import create_index_engine
+from service.engine import create_engine
+from service.engine.ann import ivf_options
 from service.state import load_state
 from subspace.bundle import BundleError, content_version, read_bundle, sha256_file
 from subspace.engine.ivf import IvfBackend
@@ -20,8 +22,8 @@ from subspace.engine.ivf_index import IvfIndexError, add_index_to_bundle, bundle
 from tests.live_fixtures import SERVER_DEFAULTS
 
 
-def _settings(**kw: object) -> Settings:
-    return Settings(backend="numpy", threads=1, **kw)  # type: ignore[arg-type]
+def _ivf_settings() -> Settings:
+    return Settings(backend="ivf", threads=1)
 
 
 def test_esp_index_ann_adds_a_checksummed_index_to_the_bundle(tiny_bundle_factory, capsys) -> None:
@@ -46,17 +48,17 @@ def test_the_served_ivf_engine_reads_the_bundle_index_and_matches_the_exact_one(
     path = tiny_bundle_factory("b")
     add_index_to_bundle(path)
     bundle = read_bundle(path)
-    engine = create_index_engine("ivf", bundle, threads=1, max_touched=1.0)
-    exact = create_index_engine("exact", bundle, backend="numpy", threads=1)
+    options = {"ivf": functools.partial(ivf_options, bundle, 1.0)}
+    engine = create_engine("ivf", bundle.embeddings, bundle.layout, threads=1, options=options)
+    exact = create_engine("numpy", bundle.embeddings, bundle.layout, threads=1, options=options)
     assert isinstance(engine, IvfBackend) and engine.index.report["params"]["nlist"] >= 1
+    assert engine.max_touched == 1.0
     rng = np.random.default_rng(0)
     q = bundle.embeddings[rng.choice(len(bundle.ids), 4, replace=False)]
     w = rng.uniform(0, 1, (4, len(bundle.layout)))
     a, b = engine.search(q, w, 5), exact.search(q, w, 5)
     np.testing.assert_array_equal(a.rows, b.rows)
     np.testing.assert_allclose(a.subspace_scores, b.subspace_scores, atol=1e-6)
-    with pytest.raises(ValueError, match="unknown index 'hnsw'; allowed: \\['exact', 'ivf'\\]"):
-        create_index_engine("hnsw", bundle)
 
 
 def test_a_bad_index_refuses_the_bundle(tiny_bundle_factory) -> None:
@@ -67,7 +69,7 @@ def test_a_bad_index_refuses_the_bundle(tiny_bundle_factory) -> None:
     raw[-1] ^= 0x01
     codes.write_bytes(bytes(raw))
     with pytest.raises(BundleError, match=r"ann/p0\.codes\.npy: sha256 mismatch"):
-        load_state(path, _settings(index="ivf"))
+        load_state(path, _ivf_settings())
     # an index whose files and manifest agree but that describes another corpus
     path = tiny_bundle_factory("c")
     add_index_to_bundle(path)
@@ -80,7 +82,7 @@ def test_a_bad_index_refuses_the_bundle(tiny_bundle_factory) -> None:
     manifest["version"] = content_version(manifest["files"])
     (path / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IvfIndexError, match=r"ivf\.json: built for \d+ rows, the corpus has \d+: rebuild"):
-        load_state(path, _settings(index="ivf"))
+        load_state(path, _ivf_settings())
 
 
 def test_live_ivf_server_answers_like_the_exact_one(tiny_bundle_factory, tmp_path) -> None:
@@ -88,7 +90,7 @@ def test_live_ivf_server_answers_like_the_exact_one(tiny_bundle_factory, tmp_pat
     add_index_to_bundle(path)
     servers = []
     try:  # generous start-up time: two servers load encoders on a shared machine
-        for name, extra in (("ivf", {"index": "ivf", "ann_max_touched": 1.0}), ("exact", {})):
+        for name, extra in (("ivf", {"backend": "ivf", "ann_max_touched": 1.0}), ("exact", {})):
             settings = {**SERVER_DEFAULTS, **extra}
             servers.append(start_server(path, tmp_path / f"{name}.log", settings=settings, ready_timeout=300))
         ivf, exact = servers

@@ -36,6 +36,7 @@ class GatedEngine:
     def __init__(self, engine: Any) -> None:
         self._engine = engine
         self.name = engine.name
+        self.capabilities = engine.capabilities
         self.gate = threading.Event()
 
     def search(self, *args: Any) -> Any:

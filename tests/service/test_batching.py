@@ -29,6 +29,7 @@ class CountingEngine:
     def __init__(self, engine: Any) -> None:
         self.engine = engine
         self.name = engine.name
+        self.capabilities = engine.capabilities
         self.calls: list[int] = []
         self.gate = threading.Event()
         self.gate.set()

@@ -79,6 +79,25 @@ def reference_topk(
     return order, np.take_along_axis(s, order, 1)
 
 
+def tied_corpus() -> tuple[SubspaceLayout, np.ndarray, np.ndarray, np.ndarray]:
+    """Exact ties everywhere: entries in {0, +-1/2} and power-of-two weights add up exactly.
+
+    Each block has four entries of +-1/2 (norm 1), drawn from 12 patterns, so many of the 900
+    rows are duplicates and the k-th score is shared by rows on both sides of the cut.
+    Returns ``(layout, corpus, queries (3), weights (3, K))``.
+    """
+    layout = layout_of("three")
+    rng = np.random.default_rng(6)
+    patterns = np.zeros((12, layout.dim), np.float32)
+    for p in patterns:
+        for obj in layout:
+            cols = rng.choice(np.arange(obj.offset, obj.end), size=min(4, obj.dim), replace=False)
+            p[cols] = rng.choice([-0.5, 0.5], size=len(cols))
+    corpus = patterns[rng.integers(0, len(patterns), 900)]
+    weights = np.array([[1.0, 0.5, 2.0], [1.0, 1.0, 1.0], [0.25, 0.0, 4.0]])
+    return layout, corpus, patterns[[0, 3, 7]], weights
+
+
 def startable() -> list[tuple[str, str]]:
     """(backend, precision) pairs that can start on this machine."""
     layout = layout_of("one")

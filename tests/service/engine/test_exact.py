@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from subspace.scoring import reference_scores
-from tests.service.engine.conftest import IDS, LAYOUTS, STARTABLE, layout_of, random_rows, reference_topk
+from tests.service.engine.conftest import (
+    IDS,
+    LAYOUTS,
+    STARTABLE,
+    layout_of,
+    random_rows,
+    reference_topk,
+    tied_corpus,
+)
 
 N = 1500
 
@@ -58,16 +66,7 @@ def test_ties_at_the_cut_go_to_the_lower_row(make_engine, backend: str, precisio
     Each block has four entries of +-1/2 (norm 1), drawn from few patterns, so many rows are
     duplicates and the k-th score is shared by rows on both sides of the cut.
     """
-    layout = layout_of("three")
-    rng = np.random.default_rng(6)
-    patterns = np.zeros((12, layout.dim), np.float32)
-    for p in patterns:
-        for obj in layout:
-            cols = rng.choice(np.arange(obj.offset, obj.end), size=min(4, obj.dim), replace=False)
-            p[cols] = rng.choice([-0.5, 0.5], size=len(cols))
-    corpus = patterns[rng.integers(0, len(patterns), 900)]
-    queries = patterns[[0, 3, 7]]
-    weights = np.array([[1.0, 0.5, 2.0], [1.0, 1.0, 1.0], [0.25, 0.0, 4.0]])
+    layout, corpus, queries, weights = tied_corpus()
     engine = make_engine(backend, corpus, layout, precision=precision, threads=2, chunk_rows=100)
     for k in (1, 10, 100, 1000):
         rows, scores = reference_topk(queries, corpus, weights, layout, min(k, 900))

@@ -17,7 +17,7 @@ from service.engine import BACKENDS, BackendUnavailable
 from subspace.filters import MetadataSchema, MetadataTable, compile_filter
 from subspace.layout import SubspaceLayout
 from subspace.scoring import reference_scores
-from tests.service.engine.conftest import layout_of, random_rows, reference_topk
+from tests.service.engine.conftest import layout_of, random_rows, reference_topk, tied_corpus
 
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
@@ -103,16 +103,7 @@ def test_exact_topk_with_per_row_weights(milvus: Loaded, layout_name: str) -> No
 
 
 def test_ties_at_the_cut_go_to_the_lower_row(milvus: Loaded) -> None:
-    layout = layout_of("three")
-    rng = np.random.default_rng(6)
-    patterns = np.zeros((12, layout.dim), np.float32)
-    for p in patterns:
-        for obj in layout:
-            cols = rng.choice(np.arange(obj.offset, obj.end), size=min(4, obj.dim), replace=False)
-            p[cols] = rng.choice([-0.5, 0.5], size=len(cols))
-    corpus = patterns[rng.integers(0, len(patterns), 900)]
-    queries = patterns[[0, 3, 7]]
-    weights = np.array([[1.0, 0.5, 2.0], [1.0, 1.0, 1.0], [0.25, 0.0, 4.0]])
+    layout, corpus, queries, weights = tied_corpus()
     engine = milvus.engine("ties", corpus, layout)
     for k in (1, 10, 100):
         rows, _ = reference_topk(queries, corpus, weights, layout, k)
@@ -208,7 +199,8 @@ def test_a_collection_of_another_corpus_is_refused(milvus: Loaded) -> None:
 
 
 def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
-    from service.engine.milvus_backend import LIVE_ROW0, LiveDocument
+    from service.engine import LiveDocument
+    from service.engine.milvus_backend import LIVE_ROW0
 
     layout = layout_of("three")
     corpus = random_rows(300, layout, seed=51)
@@ -234,7 +226,7 @@ def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
 def test_session_consistency_searches_see_this_process_writes(milvus: Loaded) -> None:
     from pydantic import ValidationError
 
-    from service.engine.milvus_backend import LiveDocument
+    from service.engine import LiveDocument
 
     with pytest.raises(ValidationError):
         MilvusSettings(uri=milvus.uri, consistency="Weak")
