@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,6 +43,13 @@ def run(args: argparse.Namespace) -> int:
 
     t0 = time.perf_counter()
     cfg = load_eval_config(args.config, quick=args.quick)
+    sparse = cfg.methods[cfg.front_method].sparse
+    if args.bundle and sparse is not None:
+        # its operating points weigh the sparse block, which a bundle does not carry yet
+        print(f"esp eval: --bundle: the front method {cfg.front_method!r} has the sparse block "
+              f"{sparse.name!r}, which the bundle cannot serve; drop --bundle or choose a front_method "
+              "without `sparse:`", file=sys.stderr)
+        return 2
     data_dir = Path(args.data_dir) if args.data_dir else DEFAULT_DATA_DIR
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="esp-eval-") as tmp:

@@ -44,6 +44,7 @@ class SparseBlockSpec(_Strict):
     k1: float = Field(default=0.9, gt=0)
     b: float = Field(default=0.4, ge=0, le=1)
     stopwords: str | None = "en"
+    default_weight: float = Field(default=1.0, ge=0, description="its weight at the method's default weights")
 
 
 class MethodSpec(_Strict):

@@ -138,18 +138,21 @@ def evaluate_model(
     keep_embeddings: bool = False,
     erank_rows: int | None = None,
     sparse: Mapping[str, np.ndarray] | None = None,
+    sparse_defaults: Mapping[str, float] | None = None,
 ) -> ModelEval:
     """Score ``embedder`` on the held-out year and ORCAS-I fold (see the module docstring of
     :mod:`training.evaluate` for the protocol). ``sweep``: serving weights to trace a front;
     ``sparse``: sparse blocks scored beside the model's (name -> ``(nq, N)`` scores of the year's
-    queries, in order), their weights keys of the sweep's (default 1)."""
+    queries, in order), their weights keys of the sweep's; ``sparse_defaults``: their weights at
+    the default row (1 when not given; the dense blocks take the layout's defaults)."""
     layout = embedder.layout
     corpus = embedder.embed(feats.corpus)
     qids = list(bench.queries[eval_year])
     q_emb = embedder.embed(np.stack([feats.queries[q] for q in qids]))
     queries = dict(zip(qids, q_emb, strict=True))
 
-    base = score_dl(bench, corpus, queries, layout, weights=None, year=eval_year, sparse=sparse)
+    defaults = dict(sparse_defaults) if sparse_defaults else None
+    base = score_dl(bench, corpus, queries, layout, weights=defaults, year=eval_year, sparse=sparse)
     curve = [
         {"weights": dict(w), "ndcg": s.per_query_ndcg, "entity_p": s.per_query_entity_p}
         for w, s in zip(sweep, score_dl_sweep(bench, corpus, queries, layout, sweep=[dict(w) for w in sweep],

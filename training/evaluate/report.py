@@ -44,6 +44,19 @@ def _mean(d: Mapping[str, float]) -> float:
     return float(np.mean(list(d.values()))) if d else math.nan
 
 
+def weight_names(layout: Any, sparse: Any) -> Any:
+    """The names a swept weight vector carries: the model's blocks, then its sparse block (as a
+    one-column entry: the operating points only validate and order weights by it)."""
+    if sparse is None:
+        return layout
+    from subspace.layout import SubspaceLayout
+
+    dims = dict(zip(layout.names, layout.dims, strict=True))
+    defaults = dict(zip(layout.names, (float(w) for w in layout.default_weights()), strict=True))
+    return SubspaceLayout.from_dims({**dims, sparse.name: 1},
+                                    default_weights={**defaults, sparse.name: sparse.default_weight})
+
+
 def _weighted(values: Sequence[float], weights: Sequence[int]) -> float:
     """Weighted mean; NaN when nothing was weighed (a method without an intent hold-out)."""
     return float(np.average(values, weights=weights)) if sum(weights) > 0 else math.nan
@@ -178,7 +191,7 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     # ---- operating points (front method, mean curve over seeds) -----------------------------
     fm = cfg.front_method
     fpm = per_method[fm]
-    front_layout = fpm["groups"][fpm["seeds"][0]][0].layout
+    front_layout = weight_names(fpm["groups"][fpm["seeds"][0]][0].layout, cfg.methods[fm].sparse)
     mean_curve = []
     for i, p in enumerate(fpm["curves"][fpm["seeds"][0]]):
         xs = [fpm["curves"][s][i]["metrics"][X] for s in fpm["seeds"]]

@@ -183,12 +183,13 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
     esp = tc.architecture == "esp"
     spec = cfg.methods[method].sparse
     sparse = {spec.name: sparse_scores(ctx, spec)[heldout_year]} if spec is not None else None
+    defaults = {spec.name: spec.default_weight} if spec is not None else {}
     sweep = simplex_grid([*layout.names, *(sparse or {})], cfg.sweep_step) if esp else []
     test = ctx.orcas_test[intent_fold]
     ev = evaluate_model(
         ModelEmbedder(result.model), ctx.features, ctx.bench, eval_year=heldout_year,
         orcas_labels=ctx.orcas_labels, orcas_test=test, sweep=sweep,
-        keep_embeddings=method == cfg.front_method, erank_rows=5000, sparse=sparse,
+        keep_embeddings=method == cfg.front_method, erank_rows=5000, sparse=sparse, sparse_defaults=defaults,
     )
     timings = {**result.timings, "train_total_s": t1 - t0, "eval_s": time.perf_counter() - t1}
     log.info("%s seed %d held-out %s%s: NDCG@10 %.3f, entity P@10 %.3f (train %.1fs, eval %.1fs)",
