@@ -35,6 +35,7 @@ import torch
 from sentence_transformers.base.modules.input_module import InputModule
 
 from encoder.query_encoder import QueryEncoder
+from subspace.atomic import make_readable
 
 #: modules.json type of the module; the folder needs this package to load
 MODULE_TYPE = "encoder.st_module.ESPQueryEncoderModule"
@@ -96,7 +97,8 @@ class ESPQueryEncoderModule(InputModule):
 
 
 def copy_encoder_folder(src: Path, out: Path) -> None:
-    """The encoder files of ``src`` (an ``encoder/`` folder) into ``out``."""
+    """The encoder files of ``src`` (an ``encoder/`` folder) into ``out``, readable by every uid
+    (copies keep the source's modes, and an older bundle may hold 0o600 safetensors)."""
     out.mkdir(parents=True, exist_ok=True)
     for item in src.iterdir():
         target = out / item.name
@@ -104,6 +106,7 @@ def copy_encoder_folder(src: Path, out: Path) -> None:
             shutil.copytree(item, target, dirs_exist_ok=True)
         else:
             shutil.copy2(item, target)
+    make_readable(out)
 
 
 def sentence_transformers_files(similarity: str = "dot") -> dict[str, str]:
