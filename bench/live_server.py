@@ -101,9 +101,10 @@ class LiveProcess:
 
 @dataclass
 class LiveServer(LiveProcess):
-    """A running ``esp serve``: the bundle it was started on and its admin token, if any."""
+    """A running ``esp serve``: the bundle it was started on (a directory, or a URI) and its
+    admin token, if any."""
 
-    bundle: Path
+    bundle: Path | str
     token: str | None = None
 
     def __enter__(self) -> LiveServer:
@@ -132,7 +133,7 @@ def spawn(
 
 
 def start_server(
-    bundle: Path,
+    bundle: Path | str,
     log_path: Path,
     *,
     settings: Mapping[str, object] | None = None,
@@ -145,6 +146,7 @@ def start_server(
     env: Mapping[str, str] | None = None,
 ) -> LiveServer:
     """``esp serve --bundle bundle`` on a free loopback port; returns once ``/readyz`` is 200.
+    ``bundle``: a directory, or a URI string (``http://...``: give ``bundle_sha256`` in ``settings``).
 
     ``settings``: name -> value, passed as ``ESP_<NAME>`` (``None`` values left out, so the
     service default applies); ``token``: ``ESP_ADMIN_TOKEN``; ``registry``: ``ESP_REGISTRY``;
@@ -161,7 +163,8 @@ def start_server(
         extra["ESP_ADMIN_TOKEN"] = token
     if registry is not None:
         extra["ESP_REGISTRY"] = str(Path(registry).absolute())
-    cmd = [*wrapper, sys.executable, "-m", "esp_cli", "serve", "--bundle", str(Path(bundle).absolute()),
+    ref = bundle if isinstance(bundle, str) and "://" in bundle else str(Path(bundle).absolute())
+    cmd = [*wrapper, sys.executable, "-m", "esp_cli", "serve", "--bundle", ref,
            "--host", LOOPBACK, "--port", str(port), *args]
     if pythonpath is not None:
         extra["PYTHONPATH"] = str(Path(pythonpath).absolute())

@@ -158,9 +158,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 async def _initial_load(app: FastAPI, settings: Settings) -> None:
-    assert settings.bundle is not None
+    assert settings.bundle_source is not None
     with contextlib.suppress(ReloadRefusedError):  # logged, counted; /readyz reports the reason
-        await load_and_activate(app.state, settings.bundle, settings, check_registry=False)
+        await load_and_activate(app.state, settings.bundle_source, settings, sha256=settings.bundle_sha256,
+                                check_registry=False)
 
 
 @asynccontextmanager
@@ -184,7 +185,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.rollout = BundleRollout(app.state, settings)  # the bundle the registry file names
     await app.state.rollout.start()
     loader: asyncio.Task[None] | None = None
-    if settings.bundle is not None:
+    if settings.bundle_source is not None:
         loader = asyncio.create_task(_initial_load(app, settings), name="esp-initial-load")
     else:
         app.state.holder.error = "no bundle configured (ESP_BUNDLE); load one with POST /v1/admin/reload"

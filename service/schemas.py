@@ -184,7 +184,14 @@ class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     path: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
-        None, description="bundle directory to load; default: the one served now"
+        None,
+        description="bundle directory to load, or the URI of one in object storage (s3://, gs://, "
+        "http(s)://, file://; fetched, then loaded); default: the one served now",
+    )
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        None,
+        description="sha256 of the bundle's manifest.json (esp bundle-info prints it); required with a "
+        "URI, which is refused before anything else is fetched when its manifest has another digest",
     )
 
 
