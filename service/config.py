@@ -70,6 +70,14 @@ class Settings(BaseSettings):
         "auto", description="query encoder device: auto (CUDA when present, else cpu), cpu, cuda or cuda:N"
     )
     max_queries: int = Field(256, ge=1, description="queries per request")
+    max_embedding_inputs: int = Field(
+        2048, ge=1, description="texts per POST /v1/embeddings request (OpenAI's limit is 2,048)"
+    )
+    max_embedding_tokens: int = Field(
+        300_000, ge=1,
+        description="tokens (as the encoder sees them, truncated at its max_length) summed over one "
+        "POST /v1/embeddings request; the bound on its encoder time (OpenAI's cap is 300,000)",
+    )
     max_k: int = Field(1000, ge=1, description="largest k a request may ask for")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit")
     max_batch: int = Field(64, ge=1, description="queries per micro-batch")
