@@ -91,9 +91,10 @@ def test_lint_is_clean(scenario: str) -> None:
 
 def test_defaults_keep_optional_pieces_off() -> None:
     kinds = {kind for (kind, _), doc in objects().items() if not is_hook(doc)}  # `helm test` pod aside
-    assert kinds == {"ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"}
+    assert kinds == {"ConfigMap", "Deployment", "Service", "ServiceAccount"}  # one pod: no budget
     c = container()
-    assert "resources" not in c
+    # sized from bench/serve_memory.py's demo-shaped bundle: 1.07 GB peak across a reload
+    assert c["resources"] == {"requests": {"cpu": "1", "memory": "1280Mi"}, "limits": {"memory": "1536Mi"}}
     assert c["image"] == "ghcr.io/esp-retrieval/esp-retrieval:0.1.0"  # image.tag defaults to appVersion
     assert not any(e["name"] == "ESP_ADMIN_TOKEN" for e in c["env"])  # no token: admin routes off
 
@@ -316,10 +317,40 @@ def test_autoscaling_replaces_replicas() -> None:
     pdb = objs[("PodDisruptionBudget", "esp-retrieval")]
     assert pdb["spec"] == {
         "minAvailable": 1,
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
         "selector": {"matchLabels": {"app.kubernetes.io/name": "esp-retrieval",
                                      "app.kubernetes.io/instance": "esp-retrieval"}},
     }
-    assert objects()[("PodDisruptionBudget", "esp-retrieval")]["spec"]["maxUnavailable"] == 1
+
+
+def _pdb(values: dict[str, Any]) -> dict[str, Any] | None:
+    return objects(values).get(("PodDisruptionBudget", "esp-retrieval"))
+
+
+def test_a_disruption_budget_only_where_it_can_protect_something() -> None:
+    """One pod: maxUnavailable 1 lets a drain evict it, minAvailable 1 blocks the drain for good;
+    so no budget below two pods (replicas, or the HPA's minimum)."""
+    assert _pdb({}) is None  # the default: one replica
+    assert _pdb({"podDisruptionBudget": {"minAvailable": 1}}) is None
+    assert _pdb({"autoscaling": {"enabled": True, "minReplicas": 1}}) is None
+    two = _pdb({"replicaCount": 2})
+    assert two is not None and two["spec"]["maxUnavailable"] == 1
+    assert two["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert _pdb({"autoscaling": {"enabled": True, "minReplicas": 3}}) is not None
+    assert _pdb({"replicaCount": 2, "podDisruptionBudget": {"enabled": False}}) is None
+
+
+def test_the_hpa_can_scale_on_the_services_queue_depth() -> None:
+    from service.metrics import METRIC_NAMES
+
+    hpa = objects(scenario_values("monitoring"))[("HorizontalPodAutoscaler", "esp-retrieval")]
+    pods = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    assert pods == [{"metric": {"name": "esp_queue_depth"}, "target": {"type": "AverageValue", "averageValue": "32"}}]
+    assert pods[0]["metric"]["name"] in METRIC_NAMES  # a series the service exports
+    cpu_only = objects(scenario_values("cpu"))[("HorizontalPodAutoscaler", "esp-retrieval")]
+    assert [m["type"] for m in cpu_only["spec"]["metrics"]] == ["Resource"]  # off by default
+    with pytest.raises(helm_python.HelmRenderError, match="needs a target"):
+        render({"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": None}})
 
 
 def test_monitoring_pieces() -> None:
