@@ -101,9 +101,10 @@ class LiveProcess:
 
 @dataclass
 class LiveServer(LiveProcess):
-    """A running ``esp serve``: the bundle it was started on and its admin token, if any."""
+    """A running ``esp serve``: the bundle it was started on (a directory, or a URI) and its
+    admin token, if any."""
 
-    bundle: Path
+    bundle: Path | str
     token: str | None = None
 
     def __enter__(self) -> LiveServer:
@@ -132,7 +133,7 @@ def spawn(
 
 
 def start_server(
-    bundle: Path,
+    bundle: Path | str,
     log_path: Path,
     *,
     settings: Mapping[str, object] | None = None,
@@ -141,26 +142,33 @@ def start_server(
     args: Sequence[str] = (),
     ready_timeout: float = 90.0,
     pythonpath: Path | None = None,
+    wrapper: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
 ) -> LiveServer:
     """``esp serve --bundle bundle`` on a free loopback port; returns once ``/readyz`` is 200.
+    ``bundle``: a directory, or a URI string (``http://...``: give ``bundle_sha256`` in ``settings``).
 
     ``settings``: name -> value, passed as ``ESP_<NAME>`` (``None`` values left out, so the
     service default applies); ``token``: ``ESP_ADMIN_TOKEN``; ``registry``: ``ESP_REGISTRY``;
     ``args``: extra ``esp serve`` arguments (``--no-batching``, ``--log-level warning``, ...);
-    ``pythonpath``: serve the code of that checkout instead of this one (first on ``PYTHONPATH``).
+    ``pythonpath``: serve the code of that checkout instead of this one (first on ``PYTHONPATH``);
+    ``wrapper``: a command the server runs under (``setpriv --reuid=65534 ...``: another uid);
+    ``env``: other environment variables (``HOME`` for such a uid).
     Stops the server and raises, quoting its log, when it exits or is not ready in time.
     """
     port = free_port()
-    env = {f"ESP_{k.upper()}": str(v) for k, v in (settings or {}).items() if v is not None}
+    extra = {f"ESP_{k.upper()}": str(v) for k, v in (settings or {}).items() if v is not None}
+    extra.update(env or {})
     if token is not None:
-        env["ESP_ADMIN_TOKEN"] = token
+        extra["ESP_ADMIN_TOKEN"] = token
     if registry is not None:
-        env["ESP_REGISTRY"] = str(Path(registry).absolute())
-    cmd = [sys.executable, "-m", "esp_cli", "serve", "--bundle", str(Path(bundle).absolute()),
+        extra["ESP_REGISTRY"] = str(Path(registry).absolute())
+    ref = bundle if isinstance(bundle, str) and "://" in bundle else str(Path(bundle).absolute())
+    cmd = [*wrapper, sys.executable, "-m", "esp_cli", "serve", "--bundle", ref,
            "--host", LOOPBACK, "--port", str(port), *args]
     if pythonpath is not None:
-        env["PYTHONPATH"] = str(Path(pythonpath).absolute())
-    started = spawn("esp-serve", cmd, log_path, f"http://{LOOPBACK}:{port}", env=child_env(env))
+        extra["PYTHONPATH"] = str(Path(pythonpath).absolute())
+    started = spawn("esp-serve", cmd, log_path, f"http://{LOOPBACK}:{port}", env=child_env(extra))
     server = LiveServer(started.name, started.url, started.proc, started.log_path, bundle, token)
     try:
         server.wait_until(

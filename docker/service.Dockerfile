@@ -28,8 +28,15 @@ COPY service service
 COPY esp_cli esp_cli
 RUN pip install --no-deps .
 
-FROM ${PYTHON_IMAGE}
+# The bundle with modes any uid can read and only root can change, whatever uid wrote it
+# (safetensors writes 0600, and COPY keeps a file's mode); fixed in its own stage so the final
+# image holds one copy of it.
+FROM ${PYTHON_IMAGE} AS bundle
 ARG BUNDLE=docker/empty-bundle
+COPY ${BUNDLE} /models/bundle
+RUN chmod -R a+rX,go-w /models/bundle
+
+FROM ${PYTHON_IMAGE}
 ENV PATH=/opt/venv/bin:$PATH \
     PYTHONUNBUFFERED=1 \
     PYTHONDONTWRITEBYTECODE=1 \
@@ -42,7 +49,7 @@ ENV PATH=/opt/venv/bin:$PATH \
 RUN groupadd --system --gid 10001 esp \
     && useradd --system --uid 10001 --gid esp --no-create-home --home-dir /nonexistent --shell /usr/sbin/nologin esp
 COPY --from=deps /opt/venv /opt/venv
-COPY --chown=root:root ${BUNDLE} /models/bundle
+COPY --from=bundle --chown=root:root /models/bundle /models/bundle
 USER 10001:10001
 EXPOSE 8000
 # /healthz: the process answers (readiness, /readyz, is Kubernetes' business).

@@ -10,12 +10,16 @@ bundle's ``encoder/`` folder unchanged (``esp_encoder.json``, ``heads.safetensor
 ``SentenceTransformer(path, trust_remote_code=True).encode(texts)`` returns
 ``QueryEncoder.load(path).encode(texts)``: ``(n, D)``, every block unit-norm, layout order.
 
-sentence-transformers 6 imports a module class outside its own namespace only with
-``trust_remote_code=True``, for a local folder too; the code it then runs is this module of
-the installed project (the type is ``encoder.st_module.ESPQueryEncoderModule``), nothing is
-fetched and nothing in the folder is executed. Built-in modules alone cannot express the
-encoder: the residual adapter and the per-block normalisation have no built-in module
-(``Normalize`` normalises the whole vector), so a pipeline of them would give other vectors.
+The folder carries its code: :func:`vendored_sources` copies this module and the project modules
+it needs (the query encoder, the layout, the lexical featuriser, ...) into the folder as
+``esp_*.py`` with their imports made relative, and ``modules.json`` names
+``esp_st_module.ESPQueryEncoderModule``. sentence-transformers 6 loads such a repository-local
+module with ``trust_remote_code=True`` (transformers' dynamic modules: the files are copied into
+``HF_MODULES_CACHE`` and imported from there), so the folder loads with sentence-transformers and
+its own dependencies alone, without this project installed; the code run is the folder's
+``esp_*.py``, nothing is fetched. Built-in modules alone cannot express the encoder: the residual
+adapter and the per-block normalisation have no built-in module (``Normalize`` normalises the
+whole vector), so a pipeline of them would give other vectors.
 
 What follows: ``normalize_embeddings=True`` would normalise the whole vector (do not use it:
 the blocks already are), the similarity is the dot product (the sum of block cosines; weight
@@ -25,7 +29,9 @@ through ``esp train``.
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import re
 import shutil
 from collections.abc import Sequence
 from pathlib import Path
@@ -35,9 +41,26 @@ import torch
 from sentence_transformers.base.modules.input_module import InputModule
 
 from encoder.query_encoder import QueryEncoder
+from subspace.atomic import make_readable
 
-#: modules.json type of the module; the folder needs this package to load
-MODULE_TYPE = "encoder.st_module.ESPQueryEncoderModule"
+#: The project modules an export carries -> their file names in it (without ``.py``): what this
+#: module imports of the project, transitively. Their imports of each other become relative.
+VENDORED = {
+    "subspace.errors": "esp_errors",
+    "subspace.jsonfile": "esp_jsonfile",
+    "subspace.layout": "esp_layout",
+    "subspace.lexical": "esp_lexical",
+    "subspace.encoder_format": "esp_encoder_format",
+    "subspace.atomic": "esp_atomic",
+    "encoder.query_encoder": "esp_query_encoder",
+    "encoder.st_module": "esp_st_module",
+}
+#: modules.json type of the module: the folder's own copy of this module
+MODULE_TYPE = f"{VENDORED['encoder.st_module']}.ESPQueryEncoderModule"
+_OURS = re.compile(r"^(\s*)from ((?:subspace|encoder)\.\w+) import ", re.M)
+_ANY_OURS = re.compile(
+    r"^\s*(?:from|import) (?:subspace|encoder|training|service|esp_cli|esp_client)\b", re.M
+)
 TEXTS_KEY = "esp_texts"
 
 
@@ -96,7 +119,8 @@ class ESPQueryEncoderModule(InputModule):
 
 
 def copy_encoder_folder(src: Path, out: Path) -> None:
-    """The encoder files of ``src`` (an ``encoder/`` folder) into ``out``."""
+    """The encoder files of ``src`` (an ``encoder/`` folder) into ``out``, readable by every uid
+    (copies keep the source's modes, and an older bundle may hold 0o600 safetensors)."""
     out.mkdir(parents=True, exist_ok=True)
     for item in src.iterdir():
         target = out / item.name
@@ -104,6 +128,29 @@ def copy_encoder_folder(src: Path, out: Path) -> None:
             shutil.copytree(item, target, dirs_exist_ok=True)
         else:
             shutil.copy2(item, target)
+    make_readable(out)
+
+
+def vendored_sources() -> dict[str, str]:
+    """File name -> source of the modules an export carries (:data:`VENDORED`), each import of
+    another project module rewritten to the relative import of its copy. Raises ``RuntimeError``
+    if a copy would still import the project (a module added to the chain but not to the table)."""
+    def relative(m: re.Match[str]) -> str:
+        if m.group(2) not in VENDORED:
+            raise RuntimeError(f"{m.group(2)} is imported by a copied module but not in st_module.VENDORED")
+        return f"{m.group(1)}from .{VENDORED[m.group(2)]} import "
+
+    out = {}
+    for dotted, name in VENDORED.items():
+        spec = importlib.util.find_spec(dotted)
+        origin = spec.origin if spec is not None else None
+        if origin is None:
+            raise RuntimeError(f"{dotted}: no source file to copy")
+        text = _OURS.sub(relative, Path(origin).read_text(encoding="utf-8"))
+        if _ANY_OURS.search(text):
+            raise RuntimeError(f"{dotted}: an import of the project is left in its copy")
+        out[f"{name}.py"] = text
+    return out
 
 
 def sentence_transformers_files(similarity: str = "dot") -> dict[str, str]:

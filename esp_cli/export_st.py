@@ -3,11 +3,13 @@
 ``SentenceTransformer(OUT, trust_remote_code=True).encode(texts)`` then gives the bundle's
 query vectors: ``(n, D)``, each subspace block L2-normalised, in layout order (the vectors
 ``POST /v1/embeddings`` returns without weights). The folder is the bundle's ``encoder/``
-folder plus ``modules.json`` and ``config_sentence_transformers.json``; its one module is
-``encoder.st_module.ESPQueryEncoderModule`` (sentence-transformers 6 loads a module of another
-package only with ``trust_remote_code=True``), so loading it needs this project installed, and
-nothing from the network. Written beside the target, then renamed into place. Before it
-finishes, the export is loaded back and checked against the bundle's encoder.
+folder plus ``modules.json``, ``config_sentence_transformers.json`` and the module's code:
+``esp_st_module.py`` and the ``esp_*.py`` it imports, copies of this project's modules
+(encoder/st_module.py), so it loads with sentence-transformers alone, without this project
+installed (sentence-transformers 6 runs a folder's own module only with
+``trust_remote_code=True``), and nothing from the network. Written beside the target, then
+renamed into place. Before it finishes, the export is loaded back and checked against the
+bundle's encoder.
 
 Example: esp export-st --bundle artifacts/demo/bundle --out artifacts/demo/st-encoder
 """
@@ -40,7 +42,7 @@ def export(bundle_dir: Path, out: Path, *, force: bool = False) -> dict[str, obj
     from sentence_transformers import SentenceTransformer
 
     from encoder.query_encoder import QueryEncoder
-    from encoder.st_module import copy_encoder_folder, sentence_transformers_files
+    from encoder.st_module import copy_encoder_folder, sentence_transformers_files, vendored_sources
 
     bundle = read_bundle(bundle_dir, verify_checksums=True)
     if bundle.encoder_dir is None:
@@ -51,7 +53,7 @@ def export(bundle_dir: Path, out: Path, *, force: bool = False) -> dict[str, obj
     tmp = out.with_name(f".{out.name}.{secrets.token_hex(4)}.tmp")
     try:
         copy_encoder_folder(bundle.encoder_dir, tmp)
-        for name, text in sentence_transformers_files().items():
+        for name, text in {**sentence_transformers_files(), **vendored_sources()}.items():
             atomic_write_text(tmp / name, text)
         atomic_write_text(tmp / "esp_export.json", json.dumps(
             {"bundle_version": bundle.version, "layout": bundle.layout.to_dict()}, indent=2) + "\n")

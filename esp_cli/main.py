@@ -19,6 +19,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "features": ("esp_cli.features", "precompute the frozen-trunk features of a corpus"),
     "index": ("esp_cli.index", "embed a corpus file with a bundle's encoder into a new bundle"),
     "bundle-info": ("esp_cli.bundle_info", "validate a bundle and print its summary"),
+    "fetch-bundle": ("esp_cli.fetch_bundle", "fetch a bundle from object storage, digest checked"),
     "export-st": ("esp_cli.export_st", "export a bundle's query encoder as a sentence-transformers folder"),
     "serve": ("esp_cli.serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),
     "milvus-load": ("esp_cli.milvus_load", "write a bundle into a Milvus collection (resumable)"),

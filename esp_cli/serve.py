@@ -4,7 +4,9 @@ Options become ``ESP_*`` settings (service/config.py); anything not given here c
 environment. The admin token is read from ``ESP_ADMIN_TOKEN`` only, never from the command
 line (where ``ps`` would show it). The bundle's manifest is checked before the server starts,
 so a wrong path fails at once; the full validation (checksums, engine, encoder, warm-up) runs
-in the server, and ``/readyz`` turns 200 when it is done. HTTP limits (header size and count,
+in the server, and ``/readyz`` turns 200 when it is done. A bundle URI (``s3://``, ``https://``,
+...) with ``--bundle-sha256`` is fetched by the server into ``ESP_BUNDLE_CACHE``, checked
+against that digest, then loaded the same way (service/remote_bundle.py). HTTP limits (header size and count,
 header and body read timeouts, keep-alive, connections, lingering close) come from the
 ``ESP_*`` settings too (:func:`http_options`).
 
@@ -27,6 +29,7 @@ if TYPE_CHECKING:
 #: option dest -> settings environment variable
 _ENV = {
     "bundle": "ESP_BUNDLE",
+    "bundle_sha256": "ESP_BUNDLE_SHA256",
     "registry": "ESP_REGISTRY",
     "backend": "ESP_BACKEND",
     "precision": "ESP_PRECISION",
@@ -41,7 +44,14 @@ _ENV = {
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--bundle", help="bundle directory to serve (else ESP_BUNDLE)")
+    parser.add_argument(
+        "--bundle",
+        help="bundle directory to serve, or the URI of one in object storage (s3://, gs://, https://, "
+        "file://; fetched into ESP_BUNDLE_CACHE first) (else ESP_BUNDLE)",
+    )
+    parser.add_argument(
+        "--bundle-sha256", help="sha256 of a remote bundle's manifest.json (else ESP_BUNDLE_SHA256)"
+    )
     parser.add_argument("--host", default=None, help="bind address (default 127.0.0.1, or ESP_HOST)")
     parser.add_argument("--port", type=int, default=None, help="port (default 8000, or ESP_PORT)")
     parser.add_argument(
@@ -82,11 +92,17 @@ def run(args: argparse.Namespace) -> int:
     except ValidationError as exc:
         print(f"invalid settings: {exc}", file=sys.stderr)
         return 2
-    if settings.bundle is None:
+    if settings.bundle_source is None:
         print("no bundle: pass --bundle DIR or set ESP_BUNDLE", file=sys.stderr)
         return 2
+    if settings.bundle_uri is not None and settings.bundle_sha256 is None:
+        print(f"{settings.bundle_uri}: a bundle from object storage needs --bundle-sha256 (or "
+              "ESP_BUNDLE_SHA256), the sha256 of its manifest.json (esp bundle-info prints it)",
+              file=sys.stderr)
+        return 2
     try:
-        read_manifest(settings.bundle)
+        if settings.bundle is not None:
+            read_manifest(settings.bundle)
     except BundleError as exc:
         print(f"invalid bundle: {exc}", file=sys.stderr)
         return 1

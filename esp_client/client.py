@@ -42,6 +42,8 @@ from esp_client.models import (
     Experiments,
     Health,
     LayoutResponse,
+    ModelCard,
+    ModelList,
     OperatingPoints,
     Readiness,
     ReloadResponse,
@@ -153,8 +155,11 @@ def raise_for_error(resp: httpx.Response) -> None:
         return
     try:
         body = resp.json()
+        if isinstance(body.get("error"), dict):  # OpenAI's shape (/v1/embeddings, /v1/models)
+            body = {"type": body["error"]["code"], "message": body["error"]["message"],
+                    "field": body["error"].get("param")}
         kind, message, field = body["type"], body["message"], body.get("field")
-    except (ValueError, KeyError, TypeError):
+    except (ValueError, KeyError, TypeError, AttributeError):
         kind, message, field = "http_error", resp.text[:500], None
     raise ESPError(resp.status_code, kind, message, field, _retry_after(resp))
 
@@ -245,6 +250,12 @@ class _Calls:
         body = {"keywords": list(keywords), **_given(kw)}
         return _Call("POST", "/v1/cluster", _model(ClusterResponse), json=body)
 
+    def models(self) -> _Call[ModelList]:
+        return _Call("GET", "/v1/models", _model(ModelList))
+
+    def model(self, name: str) -> _Call[ModelCard]:
+        return _Call("GET", f"/v1/models/{quote(name, safe='')}", _model(ModelCard))
+
     def _admin(self, token: str | None) -> dict[str, str] | None:
         tok = token if token is not None else self._admin_token
         return {"Authorization": f"Bearer {tok}"} if tok else None
@@ -258,9 +269,10 @@ class _Calls:
         return _Call("DELETE", f"/v1/documents/{quote(doc_id, safe='')}", _model(DeleteResponse),
                      headers=self._admin(token))
 
-    def reload(self, path: str | None = None, token: str | None = None) -> _Call[ReloadResponse]:
+    def reload(self, path: str | None = None, token: str | None = None, sha256: str | None = None
+               ) -> _Call[ReloadResponse]:
         headers = self._admin(token)
-        body = {"path": str(path)} if path is not None else None
+        body = _given({"path": str(path) if path is not None else None, "sha256": sha256}) or None
         return _Call("POST", "/v1/admin/reload", _model(ReloadResponse), json=body, headers=headers)
 
 
@@ -352,6 +364,14 @@ class ESPClient:
         """``kw``: ``weights``, ``operating_point``, ``method``, ``threshold``, ``min_cluster_size``."""
         return self._do(self._calls.cluster(keywords, **kw))
 
+    def models(self) -> ModelList:
+        """``GET /v1/models``: the served encoder (its id is the bundle version)."""
+        return self._do(self._calls.models())
+
+    def model(self, name: str) -> ModelCard:
+        """Raises :class:`ESPError` (404) unless ``name`` is the served bundle version."""
+        return self._do(self._calls.model(name))
+
     def upsert_documents(self, documents: Sequence[Mapping[str, Any]], *, token: str | None = None
                          ) -> UpsertResponse:
         """``documents``: ``{"id", "text" and/or "vector", "fields"}`` each (admin token)."""
@@ -360,8 +380,11 @@ class ESPClient:
     def delete_document(self, doc_id: str, *, token: str | None = None) -> DeleteResponse:
         return self._do(self._calls.delete_document(doc_id, token))
 
-    def reload(self, path: str | None = None, *, token: str | None = None) -> ReloadResponse:
-        return self._do(self._calls.reload(path, token))
+    def reload(self, path: str | None = None, *, token: str | None = None, sha256: str | None = None
+               ) -> ReloadResponse:
+        """``path``: a bundle directory, or a URI of one in object storage with ``sha256`` (the
+        digest of its manifest.json)."""
+        return self._do(self._calls.reload(path, token, sha256))
 
     def close(self) -> None:
         """Closes the httpx client if this SDK built it (a given ``http_client`` stays open)."""
@@ -451,6 +474,12 @@ class AsyncESPClient:
     async def cluster(self, keywords: Sequence[str], **kw: Any) -> ClusterResponse:
         return await self._do(self._calls.cluster(keywords, **kw))
 
+    async def models(self) -> ModelList:
+        return await self._do(self._calls.models())
+
+    async def model(self, name: str) -> ModelCard:
+        return await self._do(self._calls.model(name))
+
     async def upsert_documents(self, documents: Sequence[Mapping[str, Any]], *, token: str | None = None
                                ) -> UpsertResponse:
         return await self._do(self._calls.upsert_documents(documents, token))
@@ -458,8 +487,9 @@ class AsyncESPClient:
     async def delete_document(self, doc_id: str, *, token: str | None = None) -> DeleteResponse:
         return await self._do(self._calls.delete_document(doc_id, token))
 
-    async def reload(self, path: str | None = None, *, token: str | None = None) -> ReloadResponse:
-        return await self._do(self._calls.reload(path, token))
+    async def reload(self, path: str | None = None, *, token: str | None = None, sha256: str | None = None
+                     ) -> ReloadResponse:
+        return await self._do(self._calls.reload(path, token, sha256))
 
     async def aclose(self) -> None:
         if self._owned:

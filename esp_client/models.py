@@ -149,6 +149,22 @@ class EmbeddingsResponse(_Answer):
     operating_point: str | None = None
 
 
+class ModelCard(_Answer):
+    """One entry of ``GET /v1/models``: the served encoder, named by its bundle version."""
+
+    id: str
+    object: str = "model"
+    created: int
+    owned_by: str = "esp-retrieval"
+
+
+class ModelList(_Answer):
+    """``GET /v1/models`` (the OpenAI shape)."""
+
+    object: str = "list"
+    data: list[ModelCard]
+
+
 class KeywordRow(_Answer):
     keyword: str
     cluster_id: int

@@ -34,8 +34,10 @@ from service.errors import (
     ErrorKind,
     ReloadRefusedError,
     error_body,
-    error_response,
+    error_parts,
+    is_openai_path,
     kind_for_status,
+    openai_error_body,
 )
 from service.exposure import ExposureLog
 from service.lifecycle import load_and_activate
@@ -125,30 +127,43 @@ def content_type_problem(request: Request, errors: Sequence[Any]) -> str | None:
     return f"the request body must be JSON sent with Content-Type: application/json (got {got})"
 
 
+def _answer(
+    request: Request, body: dict[str, Any], status: int, headers: dict[str, str] | None = None,
+    code: str | None = None,
+) -> JSONResponse:
+    """An error response: this service's body, or OpenAI's shape on the OpenAI-compatible routes
+    (``code``: the specific reason OpenAI's body carries, when there is one)."""
+    if is_openai_path(request.url.path):
+        body = openai_error_body(body, status, code)
+    return JSONResponse(body, status_code=status, headers=headers or None)
+
+
 def _install_error_handlers(app: FastAPI) -> None:
-    async def domain_error(_: Request, exc: Exception) -> JSONResponse:
-        return error_response(exc)
+    async def domain_error(request: Request, exc: Exception) -> JSONResponse:
+        body, status, headers = error_parts(exc)
+        return _answer(request, body, status, headers, getattr(exc, "code", None))
 
     async def request_validation(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, RequestValidationError)
-        not_json = content_type_problem(request, exc.errors())
+        errors = exc.errors()
+        not_json = content_type_problem(request, errors)
         if not_json is not None:
-            return JSONResponse(error_body(ErrorKind.VALIDATION, not_json, "body"), status_code=422)
-        return JSONResponse(validation_error_body(exc.errors()), status_code=422)
+            return _answer(request, error_body(ErrorKind.VALIDATION, not_json, "body"), 422)
+        code = (errors[0].get("ctx") or {}).get("openai_code") if errors else None
+        return _answer(request, validation_error_body(errors), 422, code=code)
 
-    async def http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, StarletteHTTPException)
         kind = kind_for_status(exc.status_code)
         detail = exc.detail if isinstance(exc.detail, str) else kind.value
         field = None
         if exc.status_code == 400 and exc.__cause__ is not None:  # FastAPI could not parse the body
             detail, field = body_parse_message(exc.__cause__), "body"
-        headers = dict(exc.headers or {}) or None
-        return JSONResponse(error_body(kind, detail, field), status_code=exc.status_code, headers=headers)
+        return _answer(request, error_body(kind, detail, field), exc.status_code, dict(exc.headers or {}))
 
-    async def unexpected(_: Request, exc: Exception) -> JSONResponse:
+    async def unexpected(request: Request, exc: Exception) -> JSONResponse:
         log.error("unhandled error: %s", exc, exc_info=exc)
-        return JSONResponse(error_body(ErrorKind.INTERNAL, "internal error (logged)"), status_code=500)
+        return _answer(request, error_body(ErrorKind.INTERNAL, "internal error (logged)"), 500)
 
     for cls in ERROR_KINDS:
         app.add_exception_handler(cls, domain_error)
@@ -158,9 +173,10 @@ def _install_error_handlers(app: FastAPI) -> None:
 
 
 async def _initial_load(app: FastAPI, settings: Settings) -> None:
-    assert settings.bundle is not None
+    assert settings.bundle_source is not None
     with contextlib.suppress(ReloadRefusedError):  # logged, counted; /readyz reports the reason
-        await load_and_activate(app.state, settings.bundle, settings, check_registry=False)
+        await load_and_activate(app.state, settings.bundle_source, settings, sha256=settings.bundle_sha256,
+                                check_registry=False)
 
 
 @asynccontextmanager
@@ -184,7 +200,7 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     app.state.rollout = BundleRollout(app.state, settings)  # the bundle the registry file names
     await app.state.rollout.start()
     loader: asyncio.Task[None] | None = None
-    if settings.bundle is not None:
+    if settings.bundle_source is not None:
         loader = asyncio.create_task(_initial_load(app, settings), name="esp-initial-load")
     else:
         app.state.holder.error = "no bundle configured (ESP_BUNDLE); load one with POST /v1/admin/reload"

@@ -5,20 +5,41 @@ Loaded once via :func:`get_settings` and injected with ``Depends`` so tests over
 
 from __future__ import annotations
 
+import tempfile
 from functools import lru_cache
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from service.engine import BACKENDS, PRECISIONS
+from service.remote_bundle import is_uri
 
 
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="ESP_", extra="ignore")
 
-    bundle: Path | None = Field(None, description="bundle directory to serve")
+    bundle: Path | None = Field(
+        None,
+        description="bundle directory to serve; an fsspec URI (s3://, gs://, http(s)://, file://) is "
+        "taken as bundle_uri",
+    )
+    bundle_uri: str | None = Field(
+        None,
+        description="URI of a bundle folder in object storage, fetched into bundle_cache and checked "
+        "against bundle_sha256 before it is loaded (service/remote_bundle.py)",
+    )
+    bundle_sha256: str | None = Field(
+        None, pattern=r"^[0-9a-f]{64}$",
+        description="sha256 of the remote bundle's manifest.json (esp bundle-info prints it); required "
+        "with bundle_uri",
+    )
+    bundle_cache: Path = Field(
+        Path(tempfile.gettempdir()) / "esp-bundles",
+        description="folder remote bundles are fetched into, one sub-folder per manifest digest; the "
+        "served and the previous bundle are kept",
+    )
     registry: Path | None = Field(
         None, description="operating points / experiments file (YAML or JSON), re-read on change"
     )
@@ -48,6 +69,14 @@ class Settings(BaseSettings):
         "auto", description="query encoder device: auto (CUDA when present, else cpu), cpu, cuda or cuda:N"
     )
     max_queries: int = Field(256, ge=1, description="queries per request")
+    max_embedding_inputs: int = Field(
+        2048, ge=1, description="texts per POST /v1/embeddings request (OpenAI's limit is 2,048)"
+    )
+    max_embedding_tokens: int = Field(
+        300_000, ge=1,
+        description="tokens (as the encoder sees them, truncated at its max_length) summed over one "
+        "POST /v1/embeddings request; the bound on its encoder time (OpenAI's cap is 300,000)",
+    )
     max_k: int = Field(1000, ge=1, description="largest k a request may ask for")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit")
     max_batch: int = Field(64, ge=1, description="queries per micro-batch")
@@ -142,6 +171,19 @@ class Settings(BaseSettings):
         None, description="OTLP/HTTP traces URL (default: the OTEL_EXPORTER_OTLP_* environment variables)"
     )
     trace_sample_ratio: float = Field(1.0, ge=0, le=1, description="share of requests traced (parent-based)")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _uri_is_no_path(cls, data: Any) -> Any:
+        """``ESP_BUNDLE=s3://...`` means ``bundle_uri`` (a Path would fold its ``//``)."""
+        if isinstance(data, dict) and isinstance(data.get("bundle"), str) and is_uri(data["bundle"]):
+            data = {**data, "bundle_uri": data["bundle"], "bundle": None}
+        return data
+
+    @property
+    def bundle_source(self) -> Path | str | None:
+        """What is served at start: the bundle URI, else the bundle directory."""
+        return self.bundle_uri or self.bundle
 
 
 @lru_cache

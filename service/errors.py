@@ -1,6 +1,8 @@
 """One error shape and one table from exception class to error kind and HTTP status.
 
-Body: ``{"type": <kind>, "message": <what and what is allowed>, "field": <dotted path or null>}``.
+Body: ``{"type": <kind>, "message": <what and what is allowed>, "field": <dotted path or null>}``;
+on the OpenAI-compatible routes (:data:`OPENAI_PATHS`) the same error in OpenAI's shape,
+``{"error": {"message", "type", "param", "code"}}`` (:func:`openai_error_body`).
 Domain code raises :class:`~subspace.errors.FieldError` or one of the subclasses below; it
 knows nothing of HTTP. :data:`ERROR_KINDS` maps each class to its kind, looked up along the
 exception's MRO (so ``RegistryError``, ``WeightError`` and every other ``FieldError`` are 422
@@ -131,13 +133,18 @@ def error_headers(exc: BaseException) -> dict[str, str]:
     return headers
 
 
-def error_response(exc: BaseException) -> JSONResponse:
-    """The HTTP answer to a domain error: its kind's status, the error body and headers."""
+def error_parts(exc: BaseException) -> tuple[dict[str, Any], int, dict[str, str]]:
+    """A domain error's body, status and headers."""
     kind = error_kind(exc)
     message = exc.message if isinstance(exc, FieldError) else str(exc)
     field = exc.field if isinstance(exc, FieldError) else None
-    headers = error_headers(exc) or None
-    return JSONResponse(error_body(kind, message, field), status_code=STATUS[kind], headers=headers)
+    return error_body(kind, message, field), STATUS[kind], error_headers(exc)
+
+
+def error_response(exc: BaseException) -> JSONResponse:
+    """The HTTP answer to a domain error: its kind's status, the error body and headers."""
+    body, status, headers = error_parts(exc)
+    return JSONResponse(body, status_code=status, headers=headers or None)
 
 
 def kind_for_status(status: int) -> ErrorKind:
@@ -150,3 +157,26 @@ def kind_for_status(status: int) -> ErrorKind:
 
 def error_body(kind: ErrorKind, message: str, field: str | None = None) -> dict[str, Any]:
     return {"type": kind.value, "message": message, "field": field}
+
+
+# --- the OpenAI-compatible routes answer errors in OpenAI's shape ------------------------------
+
+#: Paths (and their sub-paths) whose errors take OpenAI's shape, for OpenAI clients to read.
+OPENAI_PATHS = ("/v1/embeddings", "/v1/models")
+
+#: OpenAI's error ``type`` by status; anything else in 4xx is an ``invalid_request_error``.
+_OPENAI_TYPES = {401: "authentication_error", 403: "permission_error", 404: "not_found_error",
+                 429: "rate_limit_error"}
+
+
+def is_openai_path(path: str) -> bool:
+    return any(path == p or path.startswith(p + "/") for p in OPENAI_PATHS)
+
+
+def openai_error_body(body: dict[str, Any], status: int, code: str | None = None) -> dict[str, Any]:
+    """``{"type", "message", "field"}`` -> OpenAI's ``{"error": {"message", "type", "param",
+    "code"}}``: ``param`` is the field, ``code`` a specific reason (``token_ids_not_supported``)
+    or this service's kind (``validation_error``, ``not_ready``, ...)."""
+    kind = _OPENAI_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {"error": {"message": body["message"], "type": kind, "param": body.get("field"),
+                      "code": code or body["type"]}}

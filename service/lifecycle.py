@@ -29,6 +29,7 @@ from service import heap
 from service.config import Settings
 from service.errors import ReloadRefusedError
 from service.metrics import Metrics
+from service.remote_bundle import fetch_bundle, is_uri, prune_cache
 from service.state import ServingState, StateHolder, load_state
 from subspace.bundle import ENCODER, BundleError, read_manifest
 
@@ -55,8 +56,10 @@ def check_encoder_kept(path: Path, served: ServingState | None, settings: Settin
 
 
 def _load_checked(
-    path: Path, settings: Settings, registry: Any, check_registry: bool, served: ServingState | None
+    source: Path | str, settings: Settings, registry: Any, check_registry: bool, served: ServingState | None,
+    *, sha256: str | None = None,
 ) -> ServingState:
+    path = fetch_bundle(source, sha256, settings.bundle_cache) if is_uri(source) else Path(source)
     read_manifest(path)  # a path that is no bundle is named as such first
     check_encoder_kept(path, served, settings)
     state = load_state(path, settings)
@@ -80,11 +83,15 @@ async def _on_loader_thread(fn: Callable[..., T], *args: Any) -> T:
 
 
 async def load_and_activate(
-    app_state: Any, path: Path, settings: Settings, *, check_registry: bool = True
+    app_state: Any, path: Path | str, settings: Settings, *, sha256: str | None = None,
+    check_registry: bool = True,
 ) -> tuple[ServingState | None, ServingState]:
     """Load ``path`` beside the served bundle and swap it in; return ``(old, new)``.
 
-    ``app_state`` is ``app.state`` (holder, metrics, registry). Raises
+    ``path`` is a local directory or a URI (:mod:`service.remote_bundle`: fetched into
+    ``settings.bundle_cache`` and checked against ``sha256``, the digest of its manifest, on the
+    loader thread before anything is loaded; after a swap the cache keeps the new and the old
+    bundle only). ``app_state`` is ``app.state`` (holder, metrics, registry). Raises
     :class:`ReloadRefusedError` and counts ``esp_bundle_reloads_total{result="failure"}`` when the new
     bundle is refused; the served one is kept.
     """
@@ -94,7 +101,8 @@ async def load_and_activate(
     async with holder.reload_lock:
         old = holder.current
         try:
-            new = await _on_loader_thread(_load_checked, path, settings, registry, check_registry, old)
+            load = functools.partial(_load_checked, sha256=sha256)
+            new = await _on_loader_thread(load, path, settings, registry, check_registry, old)
         except Exception as exc:
             metrics.bundle_reloads.labels(result="failure").inc()
             kept = f"still serving bundle {old.version}" if old is not None else "no bundle is served"
@@ -113,5 +121,8 @@ async def load_and_activate(
             old.retire()  # closed now, or when the last request holding it is answered
         publish_bundle_metrics(metrics, new)
         metrics.bundle_reloads.labels(result="success").inc()
+        if is_uri(path):  # the cache keeps what is served and what was
+            await _on_loader_thread(prune_cache, settings.bundle_cache,
+                                    [s.bundle.path for s in (new, old) if s is not None])
         log.info("serving bundle %s (was %s)", new.version, old.version if old is not None else "none")
         return old, new

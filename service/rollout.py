@@ -9,7 +9,10 @@ bundle::
       sha256: 3f1c...                        # sha256 of that bundle's manifest.json
 
 ``manifest.json`` lists the sha256 of every other file of the bundle, so its digest pins the
-whole bundle (``esp bundle-info DIR`` prints it as ``manifest_sha256``). Every replica's
+whole bundle (``esp bundle-info DIR`` prints it as ``manifest_sha256``). The ``path`` may be
+the URI of a bundle in object storage (``s3://models/esp/2026-01-07``, ``https://...``): its
+manifest is read alone and compared first, then the bundle is fetched into ``ESP_BUNDLE_CACHE``
+(:mod:`service.remote_bundle`) and loaded from there. Every replica's
 :class:`BundleRollout` polls the file (``ESP_REGISTRY_POLL_SECONDS``) and, when the bundle it
 names is not the one served: checks the manifest's digest, then loads, verifies every checksum,
 warms and swaps it in through :func:`service.lifecycle.load_and_activate`, the path of every
@@ -44,6 +47,7 @@ from service.polling import Poller
 from service.registry.errors import RegistryError
 from service.registry.loader import decode
 from service.registry.schema import DesiredBundleSpec, desired_bundle
+from service.remote_bundle import BundleFetchError, is_uri, remote_manifest_sha256
 from service.state import ServingState, StateHolder
 
 log = logging.getLogger(__name__)
@@ -137,8 +141,11 @@ class BundleRollout:
         if served is None and holder.error is None:
             self._set("pending", "waiting for the initial load")
             return False  # the bundle given at start is still loading: swap after it
+        remote = is_uri(want.path)
         try:
-            actual = await asyncio.to_thread(manifest_sha256, want.path)
+            actual = await asyncio.to_thread(remote_manifest_sha256 if remote else manifest_sha256, want.path)
+        except BundleFetchError as exc:
+            actual = f"unreadable: {exc}"
         except OSError as exc:
             actual = f"unreadable: {exc.strerror or exc}"
         key = (want.path, want.sha256, actual)
@@ -149,7 +156,8 @@ class BundleRollout:
             return False
         self._set("loading")
         try:
-            _, new = await load_and_activate(self.app_state, Path(want.path), self.settings)
+            source = want.path if remote else Path(want.path)
+            _, new = await load_and_activate(self.app_state, source, self.settings, sha256=want.sha256)
         except ReloadRefusedError as exc:
             self._refuse(key, exc.message)
             return False

@@ -184,7 +184,14 @@ class ReloadRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     path: Annotated[str, Field(min_length=1, max_length=4096)] | None = Field(
-        None, description="bundle directory to load; default: the one served now"
+        None,
+        description="bundle directory to load, or the URI of one in object storage (s3://, gs://, "
+        "http(s)://, file://; fetched, then loaded); default: the one served now",
+    )
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] | None = Field(
+        None,
+        description="sha256 of the bundle's manifest.json (esp bundle-info prints it); required with a "
+        "URI, which is refused before anything else is fetched when its manifest has another digest",
     )
 
 
@@ -205,8 +212,24 @@ class ErrorBody(BaseModel):
     field: str | None = Field(None, description="dotted path of the offending value, if any")
 
 
-def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
-    """OpenAPI ``responses=`` entries documenting :class:`ErrorBody` for ``statuses``."""
+class OpenAIError(BaseModel):
+    message: str
+    type: str = Field(description="invalid_request_error, not_found_error, rate_limit_error or server_error")
+    param: str | None = Field(None, description="dotted path of the offending value, if any")
+    code: str | None = Field(
+        None, description="the reason: token_ids_not_supported, too_many_tokens, or this service's error type"
+    )
+
+
+class OpenAIErrorBody(BaseModel):
+    """Errors of the OpenAI-compatible routes (/v1/embeddings, /v1/models), in OpenAI's shape."""
+
+    error: OpenAIError
+
+
+def error_responses(*statuses: int, openai: bool = False) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries documenting :class:`ErrorBody` (``openai``:
+    :class:`OpenAIErrorBody`) for ``statuses``."""
     text = {
         401: "missing bearer token",
         403: "wrong bearer token",
@@ -217,4 +240,5 @@ def error_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         429: "micro-batch queue full; retry after the Retry-After header's seconds",
         503: "no bundle loaded and warmed yet",
     }
-    return {s: {"model": ErrorBody, "description": text.get(s, "error")} for s in statuses}
+    model = OpenAIErrorBody if openai else ErrorBody
+    return {s: {"model": model, "description": text.get(s, "error")} for s in statuses}

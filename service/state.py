@@ -22,6 +22,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import logging
+import os
 import threading
 import time
 from collections.abc import Callable, Sequence
@@ -36,7 +37,7 @@ from service.config import Settings
 from service.engine import Backend, SearchResult, create_engine
 from service.engine.ann import ivf_options
 from service.errors import NotReadyError
-from subspace.bundle import Bundle, BundleError, read_bundle, writable_by_others
+from subspace.bundle import Bundle, BundleError, read_bundle, unreadable, writable_by_others
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
 
@@ -189,14 +190,27 @@ def warm_up(state: ServingState) -> None:
         raise ValueError(f"engine warm-up returned {res.rows.shape[0]} rows for {q.shape[0]} queries")
 
 
+def _some(paths: Sequence[str], shown: int = 3) -> str:
+    """The first ``shown`` paths, quoted, and how many more there are."""
+    more = f" (+{len(paths) - shown} more)" if len(paths) > shown else ""
+    return ", ".join(repr(p) for p in paths[:shown]) + more
+
+
 def check_permissions(path: Path, settings: Settings) -> None:
-    """Refuse (or, with ``bundle_permissions="warn"``, log) a bundle others may write."""
+    """Refuse a bundle this process cannot read (naming the files and the fix), and refuse (or,
+    with ``bundle_permissions="warn"``, log) one others may write."""
+    closed = unreadable(path) if path.is_dir() else []
+    if closed:
+        raise BundleError(
+            f"{_some(closed)}: not readable by uid {os.getuid()}, which serves the bundle (another uid "
+            "wrote it with private modes; this version writes files 0644 and folders 0755: rewrite "
+            "it, or chmod -R a+rX,go-w the bundle)"
+        )
     loose = writable_by_others(path)
     if not loose:
         return
-    shown = ", ".join(repr(p) for p in loose[:3]) + (f" (+{len(loose) - 3} more)" if len(loose) > 3 else "")
     message = (
-        f"{shown}: writable by group or others, so someone else could change what is served "
+        f"{_some(loose)}: writable by group or others, so someone else could change what is served "
         "(chmod go-w; or set ESP_BUNDLE_PERMISSIONS=warn to serve it anyway)"
     )
     if settings.bundle_permissions == "refuse":

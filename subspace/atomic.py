@@ -5,8 +5,12 @@ manifests); a whole folder (a bundle) is swapped in the same way by :func:`atomi
 data goes to a temporary sibling (same folder, hence same filesystem), is flushed and fsync'ed, then
 ``os.replace`` renames it over the target and the folder is fsync'ed so the rename survives
 a crash. On any exception the temporary file is removed and the target is untouched. The
-parent folder is created. The new file gets ``open()``'s permissions (0o666 minus the umask),
-not ``mkstemp``'s 0o600. Standard library only.
+parent folder is created. Standard library only.
+
+Permissions: what this module publishes is readable by every uid and writable by its owner only
+(files 0o644, folders 0o755; :func:`make_readable`), whatever the writer's umask and whatever
+another writer chose (safetensors writes 0o600): a bundle built as root is served by a pod's
+non-root user, and the service refuses a bundle that group or others could change.
 
     atomic_write_text(path, json.dumps(obj))
     with atomic_open(path, "wb") as fh:      # for writers that stream: np.save, savefig, csv
@@ -20,15 +24,23 @@ from __future__ import annotations
 import os
 import secrets
 import shutil
+import stat
 import tempfile
 from collections.abc import Iterator
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 from typing import IO, Any, BinaryIO, Literal, TextIO, overload
 
-__all__ = ["atomic_dir", "atomic_open", "atomic_write_bytes", "atomic_write_text", "fsync_dir"]
+__all__ = [
+    "FILE_MODE", "FOLDER_MODE", "atomic_dir", "atomic_open", "atomic_write_bytes", "atomic_write_text",
+    "fsync_dir", "make_readable",
+]
 
 MODES = ("wb", "w")
+#: A published file: everyone reads, the owner writes (an owner-executable file keeps 0o755).
+FILE_MODE = 0o644
+#: A published folder: everyone lists and enters, the owner writes.
+FOLDER_MODE = 0o755
 _FLAGS = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_BINARY", 0)
 
 
@@ -39,6 +51,20 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_readable(path: str | os.PathLike[str]) -> Path:
+    """Give ``path`` and, for a folder, everything under it the published permissions: folders
+    0o755, files 0o644 (0o755 when the owner may execute them). Symbolic links are not followed."""
+    root = Path(path)
+    for p in [root, *root.rglob("*")] if root.is_dir() else [root]:
+        mode = p.lstat().st_mode
+        if stat.S_ISLNK(mode):
+            continue
+        want = FOLDER_MODE if stat.S_ISDIR(mode) or mode & stat.S_IXUSR else FILE_MODE
+        if stat.S_IMODE(mode) != want:
+            os.chmod(p, want)
+    return root
 
 
 def _create_temp(path: Path) -> tuple[int, Path]:
@@ -84,6 +110,7 @@ def _atomic_open(path: Path, mode: str, encoding: str, newline: str | None) -> I
         with fh:
             yield fh
             fh.flush()
+            os.fchmod(fh.fileno(), FILE_MODE)  # not the umask's: see the module docstring
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
@@ -111,8 +138,9 @@ def atomic_write_text(
 @contextmanager
 def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     """Context manager yielding a new empty folder beside ``path`` (``.<name>.tmp-*``); when the
-    block exits without an exception the folder (made 0o755) replaces ``path``: an old one is
-    moved aside, the new one renamed in, the old one removed, and the parent fsync'ed. On any
+    block exits without an exception the folder and everything in it get the published permissions
+    (:func:`make_readable`), then it replaces ``path``: an old one is moved aside, the new one
+    renamed in, the old one removed, and the parent fsync'ed. On any
     exception the temporary folder is removed and ``path`` is untouched. Fsync'ing the files
     written inside is the caller's job. The parent folder is created."""
     path = Path(path)
@@ -120,7 +148,7 @@ def atomic_dir(path: str | os.PathLike[str]) -> Iterator[Path]:
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.tmp-", dir=path.parent))
     try:
         yield tmp
-        os.chmod(tmp, 0o755)
+        make_readable(tmp)
         if path.exists():
             trash = Path(tempfile.mkdtemp(prefix=f".{path.name}.old-", dir=path.parent))
             os.replace(path, trash / path.name)

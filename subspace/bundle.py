@@ -19,7 +19,9 @@ the file or field. No pickle.
 once into private memory, checks the sha256 of the bytes it read and parses those bytes: editing,
 replacing or truncating the files afterwards changes nothing that is served (a shared memory map
 would change results under the same version, or fault on truncation). :func:`writable_by_others`
-names the bundle's paths that users other than the owner could change.
+names the bundle's paths that users other than the owner could change, :func:`unreadable` those
+this process cannot read. ``write_bundle`` publishes every file 0o644 and every folder 0o755
+(``subspace.atomic.make_readable``), so any uid may serve what any uid wrote.
 """
 
 from __future__ import annotations
@@ -116,6 +118,23 @@ def writable_by_others(path: str | os.PathLike[str]) -> list[str]:
     return out
 
 
+def unreadable(path: str | os.PathLike[str]) -> list[str]:
+    """The bundle directory and the files and folders under it that this process cannot read
+    (or, for a folder, enter), relative to it: what a server running as another uid than the
+    writer's meets in a bundle an older writer left private (safetensors writes 0o600)."""
+    root = Path(path)
+    if not os.access(root, os.R_OK | os.X_OK):
+        return ["."]
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.is_symlink():
+            continue
+        need = os.R_OK | os.X_OK if p.is_dir() else os.R_OK
+        if not os.access(p, need):
+            out.append(p.relative_to(root).as_posix())
+    return out
+
+
 def sha256_file(path: Path) -> str:
     h = hashlib.sha256()
     with path.open("rb") as fh:
@@ -158,6 +177,7 @@ def write_bundle(
 
     ``embeddings`` must be ``(N, layout.dim)`` float32/float16 and block-normalised (the caller's
     job; :func:`subspace.scoring.normalize_blocks`). ``encoder_dir`` is copied to ``encoder/``.
+    Files are written 0o644 and folders 0o755, whatever the umask or the copied files' modes.
     ``sections`` are extra manifest entries (encoder, training, operating_points, ...).
     Nothing is visible at ``out`` until the whole bundle is on disk.
     """

@@ -60,8 +60,9 @@ def export_bundle(
     """Write a bundle at ``out`` from ``model`` and a corpus; return its path.
 
     Give either ``texts`` (embedded here with ``model.encode``) or ``embeddings`` ``(N, D)``
-    computed by the same model. ``docs`` (display payload per row) defaults to ``{"text": t}``
-    with ``t`` repaired by ftfy (:mod:`training.display_text`; the embedded text is ``t`` as given).
+    computed by the same model. ``docs`` (display payload per row) defaults to ``{"text": t}``;
+    their display fields (text, title) are repaired by ftfy whoever gave them
+    (:mod:`training.display_text`; the embedded text is ``t`` as given).
     """
     if embeddings is None:
         if texts is None:
@@ -69,7 +70,9 @@ def export_bundle(
         embeddings = model.encode(list(texts), batch_size=batch_size)
     emb = normalize_blocks(np.asarray(embeddings, dtype=np.float32), model.layout).astype(dtype)
     if docs is None and texts is not None:
-        docs = (repair_display({"text": t})[0] for t in texts)  # display only: embedded as given
+        docs = ({"text": t} for t in texts)
+    if docs is not None:  # the trainer's export passes its own docs: repaired all the same
+        docs = (repair_display(d)[0] for d in docs)  # display only: embedded as given
     sections = {
         "encoder": encoder_section(model, trunk_name=trunk_name),
         "training": {

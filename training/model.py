@@ -40,6 +40,7 @@ import torch.nn.functional as F  # noqa: N812 (the PyTorch convention)
 from torch import nn
 
 from subspace import encoder_format
+from subspace.atomic import make_readable
 from subspace.layout import SubspaceLayout
 from subspace.lexical import HashedNgrams
 
@@ -561,7 +562,8 @@ class ESPModel(nn.Module):
         return {k: v.detach().float().cpu().contiguous() for k, v in t.items()}
 
     def save_encoder(self, out_dir: str | Path) -> Path:
-        """Write the query encoder folder: transformer/ + esp_encoder.json + heads.safetensors."""
+        """Write the query encoder folder: transformer/ + esp_encoder.json + heads.safetensors,
+        readable by every uid (files 0o644, folders 0o755)."""
         from safetensors.torch import save_file
 
         out = Path(out_dir)
@@ -572,7 +574,7 @@ class ESPModel(nn.Module):
         save_file(self.head_tensors(), str(out / encoder_format.HEADS_FILE))
         config = json.dumps(self.encoder_config(), indent=2)
         (out / encoder_format.CONFIG_FILE).write_text(config, encoding="utf-8")
-        return out
+        return make_readable(out)  # safetensors writes 0o600: a non-root server could not read it
 
 
 def _orthogonal_(weight: torch.Tensor, gen: torch.Generator) -> None:

@@ -1,5 +1,8 @@
 """Operator endpoints behind a bearer token: ``POST /v1/admin/reload`` (bundle hot reload).
 
+The bundle is a local directory, or a URI of one in object storage with the sha256 of its
+``manifest.json`` (:mod:`service.remote_bundle`).
+
 Auth: ``Authorization: Bearer <ESP_ADMIN_TOKEN>``, compared in constant time
 (``hmac.compare_digest``). Missing or malformed header -> 401, wrong token -> 403. Without a
 configured token the admin routes answer 404 (disabled: nothing to guess). The token is never
@@ -24,6 +27,7 @@ from starlette.responses import Response
 from service.config import Settings
 from service.errors import ForbiddenError, NotFoundError, UnauthorizedError
 from service.lifecycle import load_and_activate
+from service.remote_bundle import is_uri
 from service.routes.deps import HolderDep, SettingsDep
 from service.schemas import ReloadRequest, ReloadResponse, error_responses
 from subspace.errors import FieldError
@@ -84,16 +88,18 @@ async def reload_bundle(
     body: Annotated[ReloadRequest | None, Body()] = None,
 ) -> ReloadResponse:
     served = holder.current
+    sha256 = body.sha256 if body is not None else None
+    path: Path | str
     if body is not None and body.path is not None:
-        path = Path(body.path)
+        path = body.path if is_uri(body.path) else Path(body.path)
     elif served is not None:
         path = served.bundle.path
-    elif settings.bundle is not None:
-        path = settings.bundle
+    elif settings.bundle_source is not None:
+        path, sha256 = settings.bundle_source, sha256 or settings.bundle_sha256
     else:
         raise FieldError("no bundle is configured: give the bundle 'path'", "path")
     t0 = time.perf_counter()
-    old, new = await load_and_activate(request.app.state, path, settings)
+    old, new = await load_and_activate(request.app.state, path, settings, sha256=sha256)
     return ReloadResponse(
         bundle_version=new.version,
         previous_version=old.version if old is not None else None,

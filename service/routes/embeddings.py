@@ -21,6 +21,18 @@ comes back:
 ``base64`` is the little-endian float32 bytes of each vector (what the ``openai`` client asks
 for by default). The response also says which blocks it holds (``subspaces`` with their
 offsets in the returned vector) and the weights applied (``weights_used``).
+
+What OpenAI clients meet with their defaults: up to ``ESP_MAX_EMBEDDING_INPUTS`` (2,048, as
+OpenAI) texts per request, bounded by ``ESP_MAX_EMBEDDING_TOKENS`` tokens summed over the request
+(what the encoder sees, truncated at its ``max_length``), so LangChain's ``chunk_size=1000``
+fits. Token-id inputs (lists of integers) are refused with a 422 that says what to do: ids of
+another tokenizer (tiktoken's) mean other words to this encoder, and LangChain sends them unless
+``check_embedding_ctx_length=False``. ``dimensions`` must equal the returned width: the vector
+is a concatenation of unit-norm blocks, so a prefix is no smaller embedding of the same text (it
+drops whole subspaces, or cuts one); ``subspaces`` chooses blocks instead. Errors on these routes
+are in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``service.errors``),
+except a body over ``ESP_MAX_BODY_BYTES``, refused (413) before routing in this service's shape.
+``GET /v1/models`` lists the served encoder, named by its bundle version.
 """
 
 from __future__ import annotations
@@ -30,18 +42,43 @@ from typing import Annotated, Any, Literal
 
 import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic_core import PydanticCustomError
 
+from service.errors import NotFoundError
 from service.routes.deps import SettingsDep, StateDep
 from service.routes.search import PydanticJSONResponse
 from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
 from service.state import ServingState
+from subspace.bundle import MANIFEST
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
 router = APIRouter(tags=["embeddings"])
 
 InputText = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
+
+#: Why token ids are refused, and what each client should do instead.
+TOKEN_IDS_MESSAGE = (
+    "input holds token ids; this service tokenizes text with its own encoder's tokenizer, and ids from "
+    "another (tiktoken's) would mean other words: send the texts as strings. LangChain's "
+    "OpenAIEmbeddings sends token ids unless it is built with check_embedding_ctx_length=False"
+)
+
+
+def _is_token_ids(value: Any) -> bool:
+    """A list of integers, or a list of such lists (OpenAI's token-array inputs)."""
+
+    def ints(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(type(i) is int for i in x)
+
+    return ints(value) or (isinstance(value, list) and bool(value) and all(ints(x) for x in value))
+
+
+class TooManyTokensError(FieldError):
+    """The texts of one embeddings request hold more tokens than ``ESP_MAX_EMBEDDING_TOKENS`` (-> 422)."""
+
+    code = "too_many_tokens"
 
 
 class EmbeddingsRequest(BaseModel):
@@ -50,7 +87,10 @@ class EmbeddingsRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     input: InputText | list[InputText] = Field(
-        ..., description="a text or a list of 1 .. max_queries texts (setting ESP_MAX_QUERIES)"
+        ...,
+        description="a text or a list of 1 .. ESP_MAX_EMBEDDING_INPUTS (2,048) texts holding at most "
+        "ESP_MAX_EMBEDDING_TOKENS tokens together; token ids are refused (send strings; LangChain: "
+        "check_embedding_ctx_length=False)",
     )
     model: Annotated[str, Field(max_length=200)] | None = Field(
         None, description="accepted for compatibility and ignored; the response names the bundle version"
@@ -59,7 +99,9 @@ class EmbeddingsRequest(BaseModel):
         "float", description="'float': a list of numbers; 'base64': little-endian float32 bytes"
     )
     dimensions: Annotated[int, Field(strict=True, ge=1)] | None = Field(
-        None, description="if given, must equal the returned dimension (vectors are not truncated)"
+        None,
+        description="if given, must equal the returned dimension: a prefix of concatenated unit-norm "
+        "blocks is no smaller embedding, so vectors are not truncated (choose blocks with subspaces)",
     )
     user: Annotated[str, Field(max_length=200)] | None = Field(None, description="accepted and ignored")
     subspaces: Annotated[list[Name], Field(min_length=1)] | None = Field(
@@ -73,6 +115,14 @@ class EmbeddingsRequest(BaseModel):
     operating_point: Name | None = Field(
         None, description="scale each block by a registry operating point's weights"
     )
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, value: Any) -> Any:
+        if _is_token_ids(value):
+            code = {"openai_code": "token_ids_not_supported"}
+            raise PydanticCustomError("token_ids", TOKEN_IDS_MESSAGE, code)
+        return value
 
 
 class EmbeddingItem(BaseModel):
@@ -133,17 +183,23 @@ def shape_vectors(
     return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.float32)
 
 
-def _encode(state: ServingState, texts: list[str]) -> tuple[np.ndarray, int]:
-    vectors = state.encode(texts)
+def _encode(state: ServingState, texts: list[str], max_tokens: int) -> tuple[np.ndarray, int]:
+    """Count the tokens first (the cap bounds the encoder's time), then encode."""
     counter = getattr(state.encoder, "count_tokens", None)
     tokens = sum(counter(texts)) if counter is not None else 0
-    return vectors, tokens
+    if tokens > max_tokens:
+        raise TooManyTokensError(
+            f"input: {len(texts)} texts hold {tokens} tokens; at most {max_tokens} per request "
+            "(ESP_MAX_EMBEDDING_TOKENS): send fewer texts per request (LangChain: a smaller chunk_size)",
+            "input",
+        )
+    return state.encode(texts), tokens
 
 
 @router.post(
     "/v1/embeddings",
     response_model=EmbeddingsResponse,
-    responses=error_responses(413, 422, 503),
+    responses={**error_responses(422, 503, openai=True), **error_responses(413)},  # 413: before routing
     summary="Encode texts with the bundle's query encoder (OpenAI embeddings shape)",
 )
 async def embeddings(
@@ -152,17 +208,22 @@ async def embeddings(
     texts = [body.input] if isinstance(body.input, str) else body.input
     if not texts:
         raise FieldError("input must hold at least one text", "input")
-    if len(texts) > settings.max_queries:
-        raise FieldError(f"input has {len(texts)} texts; at most {settings.max_queries} per request", "input")
+    if len(texts) > settings.max_embedding_inputs:
+        raise FieldError(
+            f"input has {len(texts)} texts; at most {settings.max_embedding_inputs} per request "
+            "(ESP_MAX_EMBEDDING_INPUTS)", "input",
+        )
     if state.encoder is None:
         raise FieldError(f"bundle {state.version} has no query encoder: it cannot embed texts", "input")
     layout = state.layout
     blocks = selected_blocks(layout, body.subspaces)
     out_dim = sum(layout[n].dim for n in blocks)
     if body.dimensions is not None and body.dimensions != out_dim:
+        widths = " + ".join(f"{n} {layout[n].dim}" for n in blocks)
         raise FieldError(
-            f"dimensions must equal the returned dimension {out_dim} (vectors are not truncated), "
-            f"got {body.dimensions}",
+            f"dimensions: the vectors are {out_dim} wide ({widths}), each block unit-norm, so a "
+            f"{body.dimensions}-wide prefix would drop or cut subspaces rather than give a smaller "
+            f"embedding; send {out_dim} or none, or choose blocks with 'subspaces'",
             "dimensions",
         )
     block_weights: np.ndarray | None = None
@@ -174,7 +235,7 @@ async def embeddings(
         )
         block_weights, weights_used = resolved.block_weights, resolved.weights_used
         point = resolved.operating_point
-    vectors, tokens = await state.in_encoder_thread(_encode, state, texts)
+    vectors, tokens = await state.in_encoder_thread(_encode, state, texts, settings.max_embedding_tokens)
     shaped = shape_vectors(vectors, layout, blocks, block_weights)
     data: list[dict[str, Any]] = []
     for i, row in enumerate(shaped):
@@ -200,3 +261,45 @@ async def embeddings(
             "operating_point": point,
         }
     )
+
+
+class ModelCard(BaseModel):
+    """One entry of ``GET /v1/models`` (OpenAI's model object)."""
+
+    id: str = Field(description="the served bundle's version: what /v1/embeddings answers as 'model'")
+    object: Literal["model"] = "model"
+    created: int = Field(description="unix time the bundle's manifest was written")
+    owned_by: str = "esp-retrieval"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+def _card(state: ServingState) -> ModelCard:
+    manifest = state.bundle.path / MANIFEST
+    created = int(manifest.stat().st_mtime) if manifest.exists() else 0
+    return ModelCard(id=state.version, created=created)
+
+
+@router.get(
+    "/v1/models",
+    response_model=ModelList,
+    responses=error_responses(503, openai=True),
+    summary="The served encoder as an OpenAI model list (one model: the bundle version)",
+)
+async def list_models(state: StateDep) -> ModelList:
+    return ModelList(data=[_card(state)])
+
+
+@router.get(
+    "/v1/models/{model}",
+    response_model=ModelCard,
+    responses=error_responses(404, 503, openai=True),
+    summary="One model of GET /v1/models (404 for any other name)",
+)
+async def retrieve_model(model: str, state: StateDep) -> ModelCard:
+    if model != state.version:
+        raise NotFoundError(f"model {model!r} is not served; this service serves {state.version!r}", "model")
+    return _card(state)

@@ -3,6 +3,7 @@ validates strictly against the Kubernetes schemas, and the values do what values
 
 from __future__ import annotations
 
+import argparse
 import base64
 import json
 import re
@@ -13,6 +14,7 @@ import pytest
 import yaml
 
 from deploy.chart import CHART_DIR, documents, is_hook, render, scenario_values, scenarios
+from esp_cli import fetch_bundle
 from service.engine import AUTO_ORDER
 from service.registry.loader import parse_text
 from service.registry.model import Registry
@@ -89,9 +91,10 @@ def test_lint_is_clean(scenario: str) -> None:
 
 def test_defaults_keep_optional_pieces_off() -> None:
     kinds = {kind for (kind, _), doc in objects().items() if not is_hook(doc)}  # `helm test` pod aside
-    assert kinds == {"ConfigMap", "Deployment", "PodDisruptionBudget", "Service", "ServiceAccount"}
+    assert kinds == {"ConfigMap", "Deployment", "Service", "ServiceAccount"}  # one pod: no budget
     c = container()
-    assert "resources" not in c
+    # sized from bench/serve_memory.py's demo-shaped bundle: 1.07 GB peak across a reload
+    assert c["resources"] == {"requests": {"cpu": "1", "memory": "1280Mi"}, "limits": {"memory": "1536Mi"}}
     assert c["image"] == "ghcr.io/esp-retrieval/esp-retrieval:0.1.0"  # image.tag defaults to appVersion
     assert not any(e["name"] == "ESP_ADMIN_TOKEN" for e in c["env"])  # no token: admin routes off
 
@@ -198,16 +201,80 @@ def test_registry_content_is_accepted_by_the_service(scenario: str) -> None:
         assert set(registry.experiments) == {"entity-boost"}
 
 
-def test_bundle_from_pvc_is_mounted_read_only_at_esp_bundle() -> None:
+def test_bundle_from_pvc_mounts_the_whole_claim_read_only_and_serves_its_folder() -> None:
     values = scenario_values("cpu")
     dep = deployment(values)
     c = dep["spec"]["template"]["spec"]["containers"][0]
     (mount,) = [m for m in c["volumeMounts"] if m["name"] == "bundle"]
-    assert mount["readOnly"] and mount["mountPath"] == env_config(values)["ESP_BUNDLE"] == "/models/bundle"
-    assert mount["subPath"] == "demo"
+    assert mount == {"name": "bundle", "mountPath": "/models/bundles", "readOnly": True}  # no subPath
+    assert env_config(values)["ESP_BUNDLE"] == "/models/bundles/demo" == c["command"][c["command"].index("--bundle") + 1]
     (volume,) = [v for v in dep["spec"]["template"]["spec"]["volumes"] if v["name"] == "bundle"]
     assert volume["persistentVolumeClaim"] == {"claimName": "esp-bundles", "readOnly": True}
     assert "bundle" not in json.dumps(deployment()["spec"]["template"]["spec"]["volumes"])  # baked
+
+
+def _mounted(c: dict[str, Any], path: str) -> bool:
+    return any(path == m["mountPath"] or path.startswith(m["mountPath"].rstrip("/") + "/") for m in c["volumeMounts"])
+
+
+@pytest.mark.parametrize("doc", ["README.md", "helm/esp-retrieval/README.md"])
+def test_the_documented_rollout_path_is_visible_in_a_pod_as_shipped(doc: str) -> None:
+    """The registry's bundle.path names a folder the pods can read: with the PVC scenarios the
+    claim is mounted whole, so a new folder on it needs no new mount."""
+    text = (CHART_DIR.parent.parent / doc).read_text(encoding="utf-8")
+    paths = re.findall(r"^\s*path: (/models/\S+)", text, flags=re.M)
+    assert paths, f"{doc} documents no rollout path"
+    for scenario in ("cpu", "gpu"):
+        c = container(scenario_values(scenario))
+        for path in paths:
+            assert _mounted(c, path), f"{doc}: {path} is not under a mount of the {scenario} pods"
+
+
+def test_remote_bundle_is_fetched_by_an_init_container_with_credentials_from_a_secret() -> None:
+    values = scenario_values("remote")
+    remote = values["bundle"]["remote"]
+    spec = deployment(values)["spec"]["template"]["spec"]
+    (init,) = spec["initContainers"]
+    cache = "/var/cache/esp-bundles"
+    assert init["command"] == ["esp", "fetch-bundle", remote["uri"], "--sha256", remote["sha256"], "--cache", cache]
+    assert init["envFrom"] == [{"secretRef": {"name": "esp-bundle-credentials"}}]
+    assert init["securityContext"]["readOnlyRootFilesystem"] is True
+    (c,) = spec["containers"]
+    assert {"secretRef": {"name": "esp-bundle-credentials"}} in c["envFrom"]  # rollouts by URI fetch too
+    for mounts in (init["volumeMounts"], c["volumeMounts"]):
+        assert {"name": "bundle-cache", "mountPath": cache} in mounts  # writable: the cache
+    (volume,) = [v for v in spec["volumes"] if v["name"] == "bundle-cache"]
+    assert volume["emptyDir"] == {"sizeLimit": "4Gi"}
+    env = env_config(values)
+    assert env["ESP_BUNDLE"] == f"{cache}/{remote['sha256']}" == c["command"][c["command"].index("--bundle") + 1]
+    assert env["ESP_BUNDLE_CACHE"] == cache and env["ESP_BUNDLE_SHA256"] == remote["sha256"]
+    parser = argparse.ArgumentParser()
+    fetch_bundle.add_arguments(parser)  # the subcommand the image runs accepts the arguments
+    parsed = parser.parse_args(init["command"][2:])
+    assert (parsed.uri, parsed.sha256, parsed.cache) == (remote["uri"], remote["sha256"], cache)
+
+
+def test_remote_bundle_fetched_in_process_is_the_servers_bundle_uri(monkeypatch: pytest.MonkeyPatch) -> None:
+    from service.config import Settings
+
+    values = scenario_values("remote")
+    values["bundle"]["remote"]["fetch"] = "inProcess"
+    spec = deployment(values)["spec"]["template"]["spec"]
+    assert "initContainers" not in spec
+    env = env_config(values)
+    assert env["ESP_BUNDLE"] == values["bundle"]["remote"]["uri"]
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = Settings()
+    assert settings.bundle_uri == values["bundle"]["remote"]["uri"] and settings.bundle is None
+    assert settings.bundle_sha256 == values["bundle"]["remote"]["sha256"]
+
+
+def test_remote_source_needs_a_uri_and_a_digest() -> None:
+    with pytest.raises(helm_python.HelmRenderError, match="bundle.remote.uri and bundle.remote.sha256"):
+        render({"bundle": {"source": "remote", "remote": {"uri": "https://x/b"}}})
+    with helm_python.Chart.load(CHART_DIR) as chart, pytest.raises(helm_python.HelmValuesError):
+        chart.validate_schema({"bundle": {"source": "remote", "remote": {"uri": "/no/scheme", "sha256": "0" * 64}}})
 
 
 def test_settings_changes_roll_pods_registry_changes_do_not() -> None:
@@ -250,10 +317,40 @@ def test_autoscaling_replaces_replicas() -> None:
     pdb = objs[("PodDisruptionBudget", "esp-retrieval")]
     assert pdb["spec"] == {
         "minAvailable": 1,
+        "unhealthyPodEvictionPolicy": "AlwaysAllow",
         "selector": {"matchLabels": {"app.kubernetes.io/name": "esp-retrieval",
                                      "app.kubernetes.io/instance": "esp-retrieval"}},
     }
-    assert objects()[("PodDisruptionBudget", "esp-retrieval")]["spec"]["maxUnavailable"] == 1
+
+
+def _pdb(values: dict[str, Any]) -> dict[str, Any] | None:
+    return objects(values).get(("PodDisruptionBudget", "esp-retrieval"))
+
+
+def test_a_disruption_budget_only_where_it_can_protect_something() -> None:
+    """One pod: maxUnavailable 1 lets a drain evict it, minAvailable 1 blocks the drain for good;
+    so no budget below two pods (replicas, or the HPA's minimum)."""
+    assert _pdb({}) is None  # the default: one replica
+    assert _pdb({"podDisruptionBudget": {"minAvailable": 1}}) is None
+    assert _pdb({"autoscaling": {"enabled": True, "minReplicas": 1}}) is None
+    two = _pdb({"replicaCount": 2})
+    assert two is not None and two["spec"]["maxUnavailable"] == 1
+    assert two["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow"
+    assert _pdb({"autoscaling": {"enabled": True, "minReplicas": 3}}) is not None
+    assert _pdb({"replicaCount": 2, "podDisruptionBudget": {"enabled": False}}) is None
+
+
+def test_the_hpa_can_scale_on_the_services_queue_depth() -> None:
+    from service.metrics import METRIC_NAMES
+
+    hpa = objects(scenario_values("monitoring"))[("HorizontalPodAutoscaler", "esp-retrieval")]
+    pods = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]
+    assert pods == [{"metric": {"name": "esp_queue_depth"}, "target": {"type": "AverageValue", "averageValue": "32"}}]
+    assert pods[0]["metric"]["name"] in METRIC_NAMES  # a series the service exports
+    cpu_only = objects(scenario_values("cpu"))[("HorizontalPodAutoscaler", "esp-retrieval")]
+    assert [m["type"] for m in cpu_only["spec"]["metrics"]] == ["Resource"]  # off by default
+    with pytest.raises(helm_python.HelmRenderError, match="needs a target"):
+        render({"autoscaling": {"enabled": True, "targetCPUUtilizationPercentage": None}})
 
 
 def test_monitoring_pieces() -> None:

@@ -82,6 +82,22 @@ def test_service_images_healthcheck_and_bundle(name: str) -> None:
     assert any(word == "CMD" and '"serve"' in args for word, args in steps)
 
 
+@pytest.mark.parametrize("name", SERVICE_IMAGES)
+def test_the_bundle_is_readable_by_the_image_user_whatever_uid_built_it(name: str) -> None:
+    """COPY keeps a file's mode (safetensors write 0600): a stage of its own makes the bundle
+    readable by every uid and writable by none but root, and the final stage copies it from there
+    (one copy in the image, not a second layer of chmod'ed files)."""
+    steps = instructions(REPO_ROOT / "docker" / name)
+    start = steps.index(("FROM", "${PYTHON_IMAGE} AS bundle"))
+    end = next(i for i in range(start + 1, len(steps)) if steps[i][0] == "FROM")
+    stage = steps[start:end]
+    assert ("COPY", "${BUNDLE} /models/bundle") in stage
+    assert ("RUN", "chmod -R a+rX,go-w /models/bundle") in stage
+    final = steps[max(i for i, (word, _) in enumerate(steps) if word == "FROM"):]
+    assert ("COPY", "--from=bundle --chown=root:root /models/bundle /models/bundle") in final
+    assert not any(word == "COPY" and "${BUNDLE}" in args for word, args in final)
+
+
 def test_cpu_images_take_torch_from_the_cpu_index() -> None:
     for name in ("service.Dockerfile", "training.Dockerfile"):
         text = (REPO_ROOT / "docker" / name).read_text(encoding="utf-8")
@@ -98,6 +114,7 @@ def test_cuda_image_has_the_cpu_image_python_and_pins() -> None:
     assert base.findall(cuda) == base.findall(cpu) and len(base.findall(cpu)) == 1
     assert [a for w, a in instructions(REPO_ROOT / "docker" / "service-cuda.Dockerfile") if w == "FROM"] == [
         "${PYTHON_IMAGE} AS deps",
+        "${PYTHON_IMAGE} AS bundle",
         "${PYTHON_IMAGE}",
     ]
     assert "python deploy/pins.py serve > /tmp/serve.txt" in cuda and "--exclude torch" not in cuda

@@ -26,6 +26,8 @@ PAIRS = [
     (server.Readiness, sdk.Readiness),
     (server.ReloadResponse, sdk.ReloadResponse),
     (embeddings_route.EmbeddingsResponse, sdk.EmbeddingsResponse),
+    (embeddings_route.ModelList, sdk.ModelList),
+    (embeddings_route.ModelCard, sdk.ModelCard),
     (cluster_route.ClusterResponse, sdk.ClusterResponse),
     (registry_route.OperatingPointsOut, sdk.OperatingPoints),
     (registry_route.ExperimentsOut, sdk.Experiments),

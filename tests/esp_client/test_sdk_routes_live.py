@@ -25,6 +25,8 @@ SDK_METHODS = {
     ("post", "/v1/admin/reload"): "reload",
     ("post", "/v1/cluster"): "cluster",
     ("post", "/v1/embeddings"): "embeddings",
+    ("get", "/v1/models"): "models",
+    ("get", "/v1/models/{model}"): "model",
     ("post", "/v1/documents"): "upsert_documents",
     ("delete", "/v1/documents/{doc_id}"): "delete_document",
 }
@@ -63,6 +65,24 @@ def test_documents_routes_answer_through_the_sdk(vectors_served: LiveServer) -> 
     with ESPClient(vectors_served.url) as esp, pytest.raises(ESPError) as err:
         esp.delete_document("x")
     assert err.value.status == 401
+
+
+def test_models_and_openai_shaped_errors_sync_and_async(served: LiveServer) -> None:
+    with ESPClient(served.url) as esp:
+        (card,) = esp.models().data
+        assert esp.model(card.id).id == card.id == esp.ready().bundle_version
+        with pytest.raises(ESPError) as err:
+            esp.embeddings([[1, 2, 3]])  # type: ignore[list-item]
+        assert (err.value.status, err.value.type, err.value.field) == (422, "token_ids_not_supported", "input")
+
+    async def run() -> None:
+        async with AsyncESPClient(served.url) as esp:
+            assert (await esp.models()).data[0].id == card.id
+            with pytest.raises(ESPError) as err:
+                await esp.model("text-embedding-3-small")
+            assert err.value.status == 404 and err.value.field == "model"
+
+    asyncio.run(run())
 
 
 def test_embeddings_and_cluster_sync_and_async(served: LiveServer) -> None:

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subspace.atomic import atomic_dir, atomic_open, atomic_write_bytes, atomic_write_text
+from subspace.atomic import atomic_dir, atomic_open, atomic_write_bytes, atomic_write_text, make_readable
 from subspace.bundle import json_default
 
 OLD = b"old content \x00\xff\n"
@@ -108,13 +108,52 @@ def test_content_is_invisible_until_the_block_exits(tmp_path: Path) -> None:
     assert _only(tmp_path) == ["f.txt"]
 
 
-def test_permissions_are_open_defaults_not_mkstemp(tmp_path: Path) -> None:
-    old = os.umask(0o022)
+@pytest.mark.parametrize("umask", [0o022, 0o002, 0o077])
+def test_files_are_world_readable_and_owner_writable_whatever_the_umask(tmp_path: Path, umask: int) -> None:
+    old = os.umask(umask)
     try:
         atomic_write_text(tmp_path / "p.txt", "x")
     finally:
         os.umask(old)
     assert stat.S_IMODE((tmp_path / "p.txt").stat().st_mode) == 0o644
+
+
+def _modes(root: Path) -> dict[str, int]:
+    return {p.relative_to(root).as_posix(): stat.S_IMODE(p.lstat().st_mode) for p in [root, *root.rglob("*")]}
+
+
+def test_make_readable_publishes_a_tree_without_following_links(tmp_path: Path) -> None:
+    root = tmp_path / "tree"
+    (root / "sub").mkdir(parents=True)
+    (root / "private.safetensors").write_bytes(b"x")
+    os.chmod(root / "private.safetensors", 0o600)  # what safetensors' save_file writes
+    (root / "sub" / "shared.json").write_text("{}")
+    os.chmod(root / "sub" / "shared.json", 0o666)
+    (root / "tool.sh").write_text("#!/bin/sh\n")
+    os.chmod(root / "tool.sh", 0o700)
+    os.chmod(root / "sub", 0o700)
+    outside = tmp_path / "outside.txt"
+    outside.write_text("x")
+    os.chmod(outside, 0o600)
+    (root / "link").symlink_to(outside)
+    assert make_readable(root) == root
+    modes = _modes(root)
+    assert modes.pop("link") != 0  # the link itself is left alone ...
+    assert modes == {".": 0o755, "sub": 0o755, "private.safetensors": 0o644, "sub/shared.json": 0o644,
+                     "tool.sh": 0o755}
+    assert stat.S_IMODE(outside.stat().st_mode) == 0o600  # ... and so is what it points to
+
+
+def test_atomic_dir_publishes_what_was_written_inside(tmp_path: Path) -> None:
+    old = os.umask(0o077)
+    try:
+        with atomic_dir(tmp_path / "out") as tmp:
+            (tmp / "encoder").mkdir()
+            (tmp / "encoder" / "heads.safetensors").write_bytes(b"x")
+            os.chmod(tmp / "encoder" / "heads.safetensors", 0o600)
+    finally:
+        os.umask(old)
+    assert _modes(tmp_path / "out") == {".": 0o755, "encoder": 0o755, "encoder/heads.safetensors": 0o644}
 
 
 def test_bad_mode_names_the_allowed_ones(tmp_path: Path) -> None:

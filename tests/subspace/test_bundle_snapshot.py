@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +17,7 @@ from subspace.bundle import (
     BundleError,
     content_version,
     read_bundle,
+    unreadable,
     writable_by_others,
     write_bundle,
 )
@@ -75,3 +77,26 @@ def test_paths_others_may_write_are_named(tmp_path: Path) -> None:
     os.chmod(path / EMBEDDINGS, 0o666)
     os.chmod(path, 0o775)
     assert writable_by_others(path) == [".", EMBEDDINGS]
+
+
+def test_a_bundle_is_readable_by_every_uid_whatever_wrote_its_files(tmp_path: Path) -> None:
+    """A private encoder file (safetensors writes 0o600) and a private umask still give a bundle
+    that another uid can serve and nobody else can change."""
+    enc = tmp_path / "enc"
+    (enc / "transformer").mkdir(parents=True)
+    (enc / "heads.safetensors").write_bytes(b"weights")
+    (enc / "transformer" / "model.safetensors").write_bytes(b"trunk")
+    for p in (enc / "heads.safetensors", enc / "transformer" / "model.safetensors", enc / "transformer"):
+        os.chmod(p, 0o700 if p.is_dir() else 0o600)
+    old = os.umask(0o077)
+    try:
+        x = normalize_blocks(np.random.default_rng(0).standard_normal((5, LAYOUT.dim)).astype(np.float32), LAYOUT)
+        path = write_bundle(tmp_path / "b", LAYOUT, x, [f"d{i}" for i in range(5)],
+                            docs=[{"text": "t"}] * 5, encoder_dir=enc)
+    finally:
+        os.umask(old)
+    modes = {p.relative_to(path).as_posix(): stat.S_IMODE(p.stat().st_mode) for p in [path, *path.rglob("*")]}
+    assert {m for p, m in modes.items() if (path / p).is_dir()} == {0o755}
+    assert {m for p, m in modes.items() if (path / p).is_file()} == {0o644}
+    assert "encoder/transformer/model.safetensors" in modes
+    assert writable_by_others(path) == [] and unreadable(path) == []

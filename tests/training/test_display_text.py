@@ -44,3 +44,16 @@ def test_esp_index_repairs_docs_but_embeds_the_corpus_text(tiny_bundle: Path, tm
     raw = enc.encode([t for _, t in rows])
     np.testing.assert_allclose(np.asarray(b.embeddings), raw, atol=1e-5)  # the corpus's own text
     assert not np.allclose(enc.encode([FIXED])[0], raw[0], atol=1e-5)  # so repairing it would differ
+
+
+def test_the_training_export_repairs_the_docs_it_is_given(tiny_model, tmp_path: Path) -> None:
+    """``Trainer.export`` passes ``docs=`` itself (the demo bundle's path): those are repaired too."""
+    from training.export import export_bundle
+
+    texts = [MOJIBAKE, "a clean passage about rivers"]
+    out = export_bundle(tmp_path / "b", tiny_model, ["d1", "d2"], texts,
+                        docs=({"text": t, "title": t[:10]} for t in texts))
+    docs = list(read_bundle(out).docs())
+    assert docs == [{"text": FIXED, "title": "Europe’s"}, {"text": texts[1], "title": texts[1][:10]}]
+    raw = tiny_model.encode(texts)
+    np.testing.assert_allclose(np.asarray(read_bundle(out).embeddings), raw, atol=1e-5)  # embedded as given

@@ -39,3 +39,19 @@ def test_manifest_sections(tiny_bundle: Path) -> None:
     assert m["encoder"]["intent_classes"] == TINY_INTENT_CLASSES
     assert set(m["training"]) == {"config", "data_hashes", "final_metrics"}
     assert set(m["operating_points"]) == {"balanced", "entity_heavy"}
+
+
+def test_every_exported_file_is_world_readable_and_owner_writable(
+    tiny_bundle: Path, tiny_bert_dir: Path, tmp_path: Path
+) -> None:
+    """safetensors writes 0600: the bundle and a bare encoder folder still open for any uid."""
+    import stat
+
+    from tests.conftest import build_tiny_model
+
+    def modes(root: Path) -> set[tuple[bool, int]]:
+        return {(p.is_dir(), stat.S_IMODE(p.stat().st_mode)) for p in [root, *root.rglob("*")]}
+
+    assert modes(tiny_bundle) == {(True, 0o755), (False, 0o644)}
+    enc = build_tiny_model(tiny_bert_dir).save_encoder(tmp_path / "encoder")
+    assert (enc / "heads.safetensors").is_file() and modes(enc) == {(True, 0o755), (False, 0o644)}

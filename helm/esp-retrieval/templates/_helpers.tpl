@@ -91,3 +91,17 @@ app.kubernetes.io/part-of: esp-retrieval
 {{- toYaml $resources }}
 {{- end }}
 {{- end }}
+
+{{/* The bundle the server loads at start (--bundle, ESP_BUNDLE): the image's folder, a folder of
+the claim, the fetched copy in the cache (initContainer) or the URI itself (inProcess). */}}
+{{- define "esp-retrieval.bundleRef" -}}
+{{- $b := .Values.bundle }}
+{{- if eq $b.source "pvc" }}
+{{- $root := trimSuffix "/" $b.pvc.mountPath }}
+{{- if $b.pvc.subPath }}{{ printf "%s/%s" $root (trimPrefix "/" $b.pvc.subPath) }}{{ else }}{{ $root }}{{ end }}
+{{- else if eq $b.source "remote" }}
+{{- if eq $b.remote.fetch "initContainer" }}{{ printf "%s/%s" (trimSuffix "/" $b.remote.cache.mountPath) $b.remote.sha256 }}{{ else }}{{ $b.remote.uri }}{{ end }}
+{{- else }}
+{{- $b.path }}
+{{- end }}
+{{- end }}
