@@ -140,27 +140,30 @@ def _builds_the_encoder(rel: str) -> bool:
     return rel in (CONFIG_FILE, HEADS_FILE) or rel.startswith(f"{TRANSFORMER_DIR}/")
 
 
-def _load_transformer(root: Path, files: Mapping[str, bytes]) -> tuple[Any, Any]:
-    """The trunk and its tokenizer from ``transformer/``'s bytes: the weights are deserialised
-    from memory; config and tokenizer files are written to a private temporary folder (what
+def _load_transformer(root: Path, files: dict[str, bytes]) -> tuple[Any, Any]:
+    """The trunk and its tokenizer from ``transformer/``'s bytes (taken out of ``files``, so a
+    file's bytes are freed once their tensors are built): the weights are deserialised from
+    memory; config and tokenizer files are written to a private temporary folder (what
     transformers loads them from), removed once read."""
     from safetensors.torch import load as load_safetensors
     from transformers import MODEL_MAPPING, AutoConfig, AutoTokenizer
 
     prefix = f"{TRANSFORMER_DIR}/"
-    own = {rel[len(prefix):]: data for rel, data in files.items() if rel.startswith(prefix)}
+    own = {rel[len(prefix):]: files.pop(rel) for rel in sorted(files) if rel.startswith(prefix)}
     if "config.json" not in own:
         raise EncoderError(f"{root / TRANSFORMER_DIR / 'config.json'}: missing")
     shards = [_TRUNK_WEIGHTS]
     if _TRUNK_INDEX in own:
         index = parse_json_object(own[_TRUNK_INDEX], f"{prefix}{_TRUNK_INDEX}", EncoderError)
         shards = sorted(set((index.get("weight_map") or {}).values()))
+        if not shards:
+            raise EncoderError(f"{prefix}{_TRUNK_INDEX}: its weight_map names no file")
     state_dict: dict[str, torch.Tensor] = {}
     for name in shards:
         if name not in own:
             raise EncoderError(f"{prefix}{name}: missing (the trunk's weights, safetensors only)")
         try:
-            state_dict.update(load_safetensors(own[name]))
+            state_dict.update(load_safetensors(own.pop(name)))
         except Exception as exc:  # safetensors raises its own error types
             raise EncoderError(f"{prefix}{name}: unreadable ({exc})") from exc
     with tempfile.TemporaryDirectory(prefix="esp-encoder-") as tmp:

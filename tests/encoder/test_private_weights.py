@@ -91,3 +91,19 @@ def test_a_file_that_is_not_the_one_listed_is_refused(tiny_bundle: Path, tmp_pat
     (folder / encoder_format.TRANSFORMER_DIR / "extra.json").write_text("{}", encoding="utf-8")
     with pytest.raises(EncoderError, match=r"transformer/extra\.json: not listed"):
         QueryEncoder.load(folder, digests=digests)
+
+
+def test_a_trunk_saved_in_shards_loads_the_same(tiny_bundle: Path, tmp_path: Path) -> None:
+    from transformers import AutoModel
+
+    src = read_bundle(tiny_bundle).encoder_dir
+    assert src is not None
+    folder = Path(shutil.copytree(src, tmp_path / "encoder"))
+    trunk = folder / encoder_format.TRANSFORMER_DIR
+    (trunk / "model.safetensors").unlink()
+    AutoModel.from_pretrained(str(src / encoder_format.TRANSFORMER_DIR)).save_pretrained(
+        str(trunk), max_shard_size="40KB"
+    )
+    assert (trunk / "model.safetensors.index.json").is_file() and len(list(trunk.glob("*.safetensors"))) > 1
+    texts = ["how to bake bread", "facebook login page"]
+    assert (QueryEncoder.load(folder).encode(texts) == QueryEncoder.load(src).encode(texts)).all()
