@@ -37,8 +37,10 @@ by float16 rounding inside the trunk (the engine's re-rank is exact for whatever
 
 from __future__ import annotations
 
+import hashlib
 import logging
-from collections.abc import Sequence
+import tempfile
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,7 +50,7 @@ import torch.nn.functional as F  # noqa: N812 (the PyTorch convention)
 
 from subspace.encoder_format import CONFIG_FILE, FORMAT, HEADS_FILE, READABLE_VERSIONS, TRANSFORMER_DIR
 from subspace.errors import FieldError
-from subspace.jsonfile import read_json_object
+from subspace.jsonfile import parse_json_object
 from subspace.layout import LayoutError, SubspaceLayout
 from subspace.lexical import HashedNgrams
 
@@ -92,6 +94,92 @@ class _Head(NamedTuple):
     weight: torch.Tensor
     bias: torch.Tensor | None
     normalize_input: bool
+
+
+#: names of weight files: never given to transformers as files (safetensors are built from bytes)
+_WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".ckpt", ".h5", ".msgpack", ".onnx")
+_TRUNK_WEIGHTS = "model.safetensors"
+_TRUNK_INDEX = "model.safetensors.index.json"
+
+
+def read_folder(root: Path, digests: Mapping[str, str] | None = None) -> dict[str, bytes]:
+    """The files the encoder is built from (``esp_encoder.json``, ``heads.safetensors`` and all of
+    ``transformer/``) as ``posix path in the folder -> bytes``, each read once.
+
+    With ``digests`` each file must be listed there and its bytes must have the listed sha256 (and
+    no listed file of these may be missing): the bytes returned are the ones the bundle's manifest
+    names, however the files change after this returns or between the bundle's read and this one.
+    """
+    if not root.is_dir():
+        raise EncoderError(f"{root}: missing or not a folder (is it an encoder folder?)")
+    present = sorted(
+        rel
+        for rel in (p.relative_to(root).as_posix() for p in root.rglob("*") if p.is_file())
+        if _builds_the_encoder(rel)
+    )
+    if digests is not None:
+        unlisted = [rel for rel in present if rel not in digests]
+        if unlisted:
+            raise EncoderError(f"{unlisted[0]}: not listed in the bundle's manifest")
+        absent = sorted(rel for rel in digests if _builds_the_encoder(rel) and rel not in present)
+        if absent:
+            raise EncoderError(f"{absent[0]}: listed in the bundle's manifest but missing")
+    files: dict[str, bytes] = {}
+    for rel in present:
+        data = (root / rel).read_bytes()
+        if digests is not None and hashlib.sha256(data).hexdigest() != digests[rel]:
+            raise EncoderError(f"{rel}: sha256 mismatch (corrupt, truncated or modified file)")
+        files[rel] = data
+    return files
+
+
+def _builds_the_encoder(rel: str) -> bool:
+    """The encoder's own files; weights in another format than safetensors are never read."""
+    if rel.endswith(_WEIGHT_SUFFIXES) and not rel.endswith(".safetensors"):
+        return False
+    return rel in (CONFIG_FILE, HEADS_FILE) or rel.startswith(f"{TRANSFORMER_DIR}/")
+
+
+def _load_transformer(root: Path, files: dict[str, bytes]) -> tuple[Any, Any]:
+    """The trunk and its tokenizer from ``transformer/``'s bytes (taken out of ``files``, so a
+    file's bytes are freed once their tensors are built): the weights are deserialised from
+    memory; config and tokenizer files are written to a private temporary folder (what
+    transformers loads them from), removed once read."""
+    from safetensors.torch import load as load_safetensors
+    from transformers import MODEL_MAPPING, AutoConfig, AutoTokenizer
+
+    prefix = f"{TRANSFORMER_DIR}/"
+    own = {rel[len(prefix):]: files.pop(rel) for rel in sorted(files) if rel.startswith(prefix)}
+    if "config.json" not in own:
+        raise EncoderError(f"{root / TRANSFORMER_DIR / 'config.json'}: missing")
+    shards = [_TRUNK_WEIGHTS]
+    if _TRUNK_INDEX in own:
+        index = parse_json_object(own[_TRUNK_INDEX], f"{prefix}{_TRUNK_INDEX}", EncoderError)
+        shards = sorted(set((index.get("weight_map") or {}).values()))
+        if not shards:
+            raise EncoderError(f"{prefix}{_TRUNK_INDEX}: its weight_map names no file")
+    state_dict: dict[str, torch.Tensor] = {}
+    for name in shards:
+        if name not in own:
+            raise EncoderError(f"{prefix}{name}: missing (the trunk's weights, safetensors only)")
+        try:
+            state_dict.update(load_safetensors(own.pop(name)))
+        except Exception as exc:  # safetensors raises its own error types
+            raise EncoderError(f"{prefix}{name}: unreadable ({exc})") from exc
+    with tempfile.TemporaryDirectory(prefix="esp-encoder-") as tmp:
+        for name, data in own.items():
+            if not name.endswith(_WEIGHT_SUFFIXES):
+                path = Path(tmp, name)
+                path.parent.mkdir(parents=True, exist_ok=True)
+                path.write_bytes(data)
+        config = AutoConfig.from_pretrained(tmp)
+        tokenizer = AutoTokenizer.from_pretrained(tmp)
+    try:
+        model_class: Any = MODEL_MAPPING[type(config)]  # what AutoModel picks, with no folder to read
+    except KeyError as exc:
+        raise EncoderError(f"{prefix}config.json: model type {config.model_type!r} is not supported") from exc
+    model = model_class.from_pretrained(None, config=config, state_dict=state_dict)
+    return model, tokenizer
 
 
 class QueryEncoder:
@@ -164,20 +252,33 @@ class QueryEncoder:
 
     @classmethod
     def load(
-        cls, encoder_dir: Path | str, *, device: str = "cpu", threads: int | None = None
+        cls,
+        encoder_dir: Path | str,
+        *,
+        device: str = "cpu",
+        threads: int | None = None,
+        digests: Mapping[str, str] | None = None,
     ) -> QueryEncoder:
         """Load an ``encoder/`` folder; :class:`EncoderError` names a missing or malformed part.
 
         ``device``: ``cpu``, ``cuda`` (``cuda:N``) or ``auto`` (:func:`resolve_device`).
+        Every file is read once into private memory and every tensor built from those bytes
+        (:func:`read_folder`), so nothing served stays mapped from a file: editing or truncating
+        the folder afterwards changes nothing (a mapped weight would change rankings silently,
+        or fault with SIGBUS). ``digests`` (``path in the folder -> sha256``, the bundle
+        manifest's: :attr:`subspace.bundle.Bundle.encoder_digests`): the folder must hold exactly
+        these files and the bytes built from must be the listed ones.
         """
-        from safetensors.torch import load_file
-        from transformers import AutoModel, AutoTokenizer
+        from safetensors.torch import load as load_safetensors
 
         device = resolve_device(device)
         root = Path(encoder_dir)
         if threads is not None:
             torch.set_num_threads(int(threads))
-        config = read_json_object(root / CONFIG_FILE, EncoderError, folder="an encoder folder")
+        files = read_folder(root, digests)
+        if CONFIG_FILE not in files:
+            raise EncoderError(f"{root / CONFIG_FILE}: missing (is {root} an encoder folder?)")
+        config = parse_json_object(files.pop(CONFIG_FILE), CONFIG_FILE, EncoderError)
         if config.get("format") != FORMAT or config.get("format_version") not in READABLE_VERSIONS:
             raise EncoderError(
                 f"{CONFIG_FILE}: format {config.get('format')!r} v{config.get('format_version')!r} "
@@ -190,17 +291,13 @@ class QueryEncoder:
             raise EncoderError(
                 f"{CONFIG_FILE}: pooling {config['pooling']!r} is not supported; allowed: 'mean'"
             )
-        if not (root / HEADS_FILE).is_file():
+        if HEADS_FILE not in files:
             raise EncoderError(f"{root / HEADS_FILE}: missing")
         try:
-            tensors = load_file(str(root / HEADS_FILE), device="cpu")
+            tensors = load_safetensors(files.pop(HEADS_FILE))
         except Exception as exc:  # safetensors raises its own error types
             raise EncoderError(f"{HEADS_FILE}: unreadable ({exc})") from exc
-        tdir = root / TRANSFORMER_DIR
-        if not (tdir / "config.json").is_file():
-            raise EncoderError(f"{tdir / 'config.json'}: missing")
-        model = AutoModel.from_pretrained(str(tdir), use_safetensors=True)
-        tokenizer = AutoTokenizer.from_pretrained(str(tdir))
+        model, tokenizer = _load_transformer(root, files)
         model.eval().to(device)
         tensors = {k: v.to(device) for k, v in tensors.items()}
         try:

@@ -162,7 +162,16 @@ class Settings(BaseSettings):
     exposure_hash_unit_id: bool = Field(
         True, description="log sha256(salt:unit_id) instead of the raw unit id (the salt: exposure_salt)"
     )
-    exposure_salt: str = Field("", description="salt of the hashed unit id in exposure records")
+    exposure_salt: str = Field(
+        "",
+        description="salt of the hashed unit id in exposure records; empty: a random salt generated at "
+        "the first start and kept in exposure_salt_file (a warning says so)",
+    )
+    exposure_salt_file: Path | None = Field(
+        None,
+        description="where a generated exposure salt is kept (default: exposure_log_path + '.salt' with "
+        "exposure_log=file; none with stdout: a new salt at every start)",
+    )
     exposure_include_ids: bool = Field(False, description="add the returned document ids to each record")
     tracing: bool = Field(
         False, description="OpenTelemetry spans of each request and its search stages, sent by OTLP/HTTP"

@@ -20,7 +20,11 @@ request id; ``unit_id`` joins by unit. Settings (``ESP_EXPOSURE_*``, :mod:`servi
 - ``exposure_sample_rate``: the share of *units* logged, decided by ``sha256(unit_id)``, so a
   sampled unit has all its exposures logged and the others none (per-unit analyses stay whole);
 - ``exposure_hash_unit_id`` (default true): ``sha256(exposure_salt:unit_id)`` as
-  ``"sha256:<hex>"`` instead of the raw id;
+  ``"sha256:<hex>"`` instead of the raw id. Without ``exposure_salt`` the salt is random (an
+  empty one would let anyone recover a unit from its record by hashing ``":" + guess``):
+  generated at the first start and kept in ``exposure_salt_file`` (default: the log file's path
+  plus ``.salt``, mode 0600; the first of several replicas sharing it wins), or, with ``stdout``
+  and no file, new at every start; a warning says which (:func:`exposure_salt`);
 - ``exposure_include_ids``: add ``ids``, the returned document ids per query.
 
 Records are written by a dedicated logger (``esp.exposure``, not propagated), so they never
@@ -33,16 +37,22 @@ import hashlib
 import json
 import logging
 import logging.handlers
+import os
+import secrets
 import sys
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 from service.config import Settings
 from service.logs import current_request_id
 
 LOGGER_NAME = "esp.exposure"
+SALT_SUFFIX = ".salt"
 _SCALE = float(2**64)
+
+log = logging.getLogger(__name__)
 
 
 def unit_sampled(unit_id: str, rate: float) -> bool:
@@ -57,6 +67,62 @@ def unit_sampled(unit_id: str, rate: float) -> bool:
 
 def hashed_unit(unit_id: str, salt: str) -> str:
     return "sha256:" + hashlib.sha256(f"{salt}:{unit_id}".encode()).hexdigest()
+
+
+def exposure_salt(settings: Settings) -> str:
+    """``exposure_salt``, else a random salt: read from ``exposure_salt_file`` (default: the log
+    file's path + ``.salt``), or generated and stored there at the first start, or, with no file
+    (``stdout``), new for this process. Anything but a set salt logs a warning."""
+    if settings.exposure_salt:
+        return settings.exposure_salt
+    path = settings.exposure_salt_file
+    if path is None and settings.exposure_log == "file" and settings.exposure_log_path is not None:
+        path = settings.exposure_log_path.with_name(settings.exposure_log_path.name + SALT_SUFFIX)
+    if path is None:
+        log.warning(
+            "ESP_EXPOSURE_SALT is not set: exposure records hash unit ids with a random salt of this "
+            "process, so hashes change at every start (set ESP_EXPOSURE_SALT, the same on every "
+            "replica, or ESP_EXPOSURE_SALT_FILE)"
+        )
+        return secrets.token_hex(32)
+    salt, created = _stored_salt(path)
+    log.warning(
+        "ESP_EXPOSURE_SALT is not set: exposure records hash unit ids with the random salt %s %s "
+        "(set ESP_EXPOSURE_SALT, the same on every replica, to choose it)",
+        "generated now and kept in" if created else "kept in",
+        str(path),
+    )
+    return salt
+
+
+def _stored_salt(path: Path) -> tuple[str, bool]:
+    """``(salt, created)``: the salt in ``path``, or a new one written there (mode 0600) when
+    there is none; of several processes starting at once, the first one's link wins."""
+    if path.exists():
+        return _read_salt(path), False
+    path.parent.mkdir(parents=True, exist_ok=True)
+    salt = secrets.token_hex(32)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(salt + "\n")
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.link(tmp, path)  # never a partial file, never one salt over another
+    except FileExistsError:
+        return _read_salt(path), False
+    finally:
+        tmp.unlink(missing_ok=True)
+    return salt, True
+
+
+def _read_salt(path: Path) -> str:
+    salt = path.read_text(encoding="utf-8").strip()
+    if not salt:
+        raise ValueError(f"{path}: the exposure salt file is empty (delete it to generate a salt, "
+                         "or set ESP_EXPOSURE_SALT)")
+    return salt
 
 
 def _stdout_handler() -> logging.Handler:
@@ -88,6 +154,13 @@ class ExposureLog:
     def __init__(self, settings: Settings, handler: logging.Handler | None) -> None:
         self.settings = settings
         self._handler = handler
+        hashing = handler is not None and settings.exposure_hash_unit_id
+        try:  # the salt of hashed unit ids: only needed (and generated) when records are written
+            self.salt = exposure_salt(settings) if hashing else ""
+        except BaseException:
+            if handler is not None:
+                handler.close()
+            raise
         self._log = logging.getLogger(f"{LOGGER_NAME}.{id(self):x}")  # one per app: tests run several
         self._log.propagate = False
         self._log.setLevel(logging.INFO)
@@ -126,7 +199,7 @@ class ExposureLog:
             "request_id": current_request_id(),
             "experiment": experiment,
             "arm": arm,
-            "unit_id": hashed_unit(unit_id, s.exposure_salt) if s.exposure_hash_unit_id else unit_id,
+            "unit_id": hashed_unit(unit_id, self.salt) if s.exposure_hash_unit_id else unit_id,
             "unit_id_hashed": s.exposure_hash_unit_id,
             "operating_point": operating_point,
             "bundle_version": bundle_version,

@@ -5,7 +5,9 @@ its access log share one format (setting ``ESP_LOG_FORMAT``: ``json``, the defau
 ``text``). A JSON line holds ``time`` (ISO 8601, UTC), ``level``, ``logger``, ``message`` and
 ``request_id`` (null outside a request), plus, on access lines, ``client``, ``method``,
 ``path``, ``http_version`` and ``status``; an exception adds ``exc_info``. Extra fields passed
-with ``log.info(..., extra={...})`` become keys.
+with ``log.info(..., extra={...})`` become keys. An access line's path never holds the value of
+a :data:`REDACTED_QUERY` parameter (``unit_id``: a user's or a session's id, as in
+``GET /v1/experiments/{name}/assignment?unit_id=...``): it reads ``unit_id=REDACTED``.
 
 The request id lives in a context variable (:data:`REQUEST_ID`) that
 :class:`service.middleware.RequestIdMiddleware` sets for the whole request: every line logged
@@ -21,6 +23,7 @@ import uuid
 from contextvars import ContextVar
 from datetime import UTC, datetime
 from typing import Any, Literal
+from urllib.parse import unquote_plus
 
 from pythonjsonlogger.json import JsonFormatter
 
@@ -35,6 +38,9 @@ _CALLER_ID = re.compile(r"^[A-Za-z0-9._:/+=@-]{1,128}$")
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s [%(request_id)s] %(message)s"
 _ACCESS_FIELDS = ("client", "method", "path", "http_version", "status")
+#: query parameters whose values no log line holds
+REDACTED_QUERY = frozenset({"unit_id"})
+REDACTED = "REDACTED"
 
 
 def request_id_from(header: bytes | None) -> str:
@@ -49,17 +55,34 @@ def request_id_from(header: bytes | None) -> str:
     return uuid.uuid4().hex
 
 
+def redact_path(path: str) -> str:
+    """``path`` (with its query string) where each :data:`REDACTED_QUERY` parameter's value is
+    :data:`REDACTED`; names are compared decoded, as the route reads them."""
+    base, sep, query = path.partition("?")
+    if not sep:
+        return path
+    items = []
+    for item in query.split("&"):
+        name = item.split("=", 1)[0]
+        items.append(f"{name}={REDACTED}" if unquote_plus(name) in REDACTED_QUERY else item)
+    return f"{base}?{'&'.join(items)}"
+
+
 def current_request_id() -> str | None:
     return REQUEST_ID.get()
 
 
 class RequestIdFilter(logging.Filter):
     """Adds ``request_id`` to every record (and, for uvicorn's access records, the request
-    fields from its positional arguments: client, method, path, HTTP version, status)."""
+    fields from its positional arguments: client, method, path, HTTP version, status; the path,
+    in the fields and the message, through :func:`redact_path`)."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         record.request_id = REQUEST_ID.get()
         if record.name == "uvicorn.access" and isinstance(record.args, tuple) and len(record.args) == 5:
+            client, method, path, version, status = record.args
+            if isinstance(path, str):
+                record.args = (client, method, redact_path(path), version, status)
             for key, value in zip(_ACCESS_FIELDS, record.args, strict=True):
                 setattr(record, key, value)
         return True

@@ -13,8 +13,9 @@ of a replaced bundle outlives the batches that use it.
 
 What is served cannot change under the service: the bundle is read as a private snapshot
 (:func:`subspace.bundle.read_bundle` with ``snapshot=True``: embeddings, ids and docs read once,
-hashed as read), its version is checked against its checksums, and a bundle that its group or
-everyone may write is refused (``ESP_BUNDLE_PERMISSIONS=warn`` only logs it).
+hashed as read; the query encoder built from its files' bytes, checked against the manifest's
+sha256, no weight mapped from a file), its version is checked against its checksums, and a
+bundle that its group or everyone may write is refused (``ESP_BUNDLE_PERMISSIONS=warn`` only logs it).
 """
 
 from __future__ import annotations
@@ -163,7 +164,8 @@ def _load_encoder(bundle: Bundle, device: str = "auto") -> Any | None:
         return None
     from encoder.query_encoder import QueryEncoder
 
-    return QueryEncoder.load(bundle.encoder_dir, device=device)
+    # the bytes built from are checked against the manifest: nothing served is mapped from a file
+    return QueryEncoder.load(bundle.encoder_dir, device=device, digests=bundle.encoder_digests)
 
 
 def _check_encoder(encoder: Any, layout: SubspaceLayout) -> None:

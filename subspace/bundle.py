@@ -18,7 +18,9 @@ the file or field. No pickle.
 ``read_bundle(..., snapshot=True)`` (what the service serves) reads the embeddings, ids and docs
 once into private memory, checks the sha256 of the bytes it read and parses those bytes: editing,
 replacing or truncating the files afterwards changes nothing that is served (a shared memory map
-would change results under the same version, or fault on truncation). :func:`writable_by_others`
+would change results under the same version, or fault on truncation). The encoder's files are
+hashed here and read again by the query encoder, which checks its bytes against
+:attr:`Bundle.encoder_digests` and builds every tensor from them. :func:`writable_by_others`
 names the bundle's paths that users other than the owner could change, :func:`unreadable` those
 this process cannot read. ``write_bundle`` publishes every file 0o644 and every folder 0o755
 (``subspace.atomic.make_readable``), so any uid may serve what any uid wrote.
@@ -80,6 +82,14 @@ class Bundle:
     def encoder_dir(self) -> Path | None:
         p = self.path / ENCODER
         return p if p.is_dir() else None
+
+    @property
+    def encoder_digests(self) -> dict[str, str]:
+        """``path in encoder/ -> sha256`` as the manifest lists them: what the query encoder checks
+        the bytes it builds from against (``encoder.QueryEncoder.load(..., digests=)``)."""
+        prefix = f"{ENCODER}/"
+        files: Mapping[str, str] = self.manifest["files"]
+        return {rel[len(prefix):]: digest for rel, digest in files.items() if rel.startswith(prefix)}
 
     @property
     def operating_points(self) -> dict[str, Any]:
@@ -300,7 +310,8 @@ def read_bundle(
     ``mmap=True`` maps the embeddings read-only (costs disk, not RAM, until touched).
     ``snapshot=True`` (``mmap`` ignored): embeddings, ids and docs are read once into private
     memory, hashed as read and parsed from those bytes, so the files may change afterwards
-    without changing what this :class:`Bundle` holds (the encoder's files are only hashed).
+    without changing what this :class:`Bundle` holds (the encoder's files are only hashed here:
+    the query encoder reads them once more, checked against :attr:`Bundle.encoder_digests`).
     """
     root = Path(path)
     manifest = read_manifest(root)

@@ -489,9 +489,12 @@ def cluster_embeddings(
         w = resolve_block_weights(block_weights.tolist(), layout)
     else:
         w = resolve_block_weights(block_weights, layout)
-    x = scaled_vectors(emb, layout, w)
+    # s / W does not change with the weights' scale: clustered with the largest weight 1, so
+    # that sqrt(w) cannot underflow float32 (1e-300 made every vector 0 and every similarity NaN)
+    unit = w / w.max()
+    x = scaled_vectors(emb, layout, unit)
     n = x.shape[0]
-    weight_sum = float(w.sum())
+    weight_sum = float(unit.sum())
     labels = _relabel_by_size(algo.fit(x, weight_sum))
     n_clusters = int(labels.max()) + 1 if (labels >= 0).any() else 0
     centres = _centres(x, labels, n_clusters) if n_clusters else np.zeros(0, dtype=np.int64)

@@ -283,11 +283,7 @@ def coerce_value(kind: FieldType, value: Any, where: str) -> Any:
             else None
         )
     elif kind == FieldType.FLOAT:
-        ok = (
-            float(value)
-            if isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
-            else None
-        )
+        ok = _finite_float(value)
     elif kind == FieldType.DATE:
         try:
             ok = parse_date(value) if isinstance(value, str) else None
@@ -296,8 +292,23 @@ def coerce_value(kind: FieldType, value: Any, where: str) -> Any:
     else:
         ok = value if isinstance(value, str) and len(value.encode("utf-8")) <= MAX_STRING_BYTES else None
     if ok is None:
-        raise FilterError(f"{where}: {value!r} is not a valid {kind} value", where)
+        shown = repr(value)
+        if len(shown) > 60:  # a 401-digit integer need not come back in full
+            shown = f"{shown[:40]}... ({len(shown)} characters)"
+        raise FilterError(f"{where}: {shown} is not a valid {kind} value", where)
     return ok
+
+
+def _finite_float(value: Any) -> float | None:
+    """``value`` as a finite float; ``None`` for a bool, a non-number, NaN, an infinity or an
+    integer beyond float64's range (JSON has no limit on an integer's digits)."""
+    if not isinstance(value, int | float) or isinstance(value, bool):
+        return None
+    try:
+        out = float(value)
+    except OverflowError:
+        return None
+    return out if math.isfinite(out) else None
 
 
 # --- the compiled tree -------------------------------------------------------------------------

@@ -2,6 +2,7 @@
 
 The bundle's ``manifest.json`` and the encoder's ``esp_encoder.json`` are read the same way:
 missing, not JSON, not an object, or without a required field is one ``error`` naming the file.
+:func:`parse_json_object` does the same for bytes already read (and hashed) by the caller.
 """
 
 from __future__ import annotations
@@ -21,13 +22,21 @@ def read_json_object(
     ``path.parent`` should be) when it is missing, invalid, not an object or lacks a key."""
     if not path.is_file():
         raise error(f"{path}: missing (is {path.parent} a {folder}?)")
+    return parse_json_object(path.read_bytes(), path.name, error, required=required)
+
+
+def parse_json_object(
+    data: bytes, name: str, error: type[FieldError], *, required: Iterable[str] = ()
+) -> dict[str, Any]:
+    """The JSON object in ``data`` (the file ``name``'s bytes); raises ``error`` naming ``name``
+    when it is not UTF-8 JSON, not an object or lacks a key."""
     try:
-        obj = json.loads(path.read_text(encoding="utf-8"))
+        obj = json.loads(data.decode("utf-8"))
     except (json.JSONDecodeError, UnicodeDecodeError) as exc:
-        raise error(f"{path.name}: not valid JSON ({exc})") from exc
+        raise error(f"{name}: not valid JSON ({exc})") from exc
     if not isinstance(obj, dict):
-        raise error(f"{path.name}: must be a JSON object")
+        raise error(f"{name}: must be a JSON object")
     for key in required:
         if key not in obj:
-            raise error(f"{path.name}: missing field {key!r}")
+            raise error(f"{name}: missing field {key!r}")
     return obj

@@ -1,7 +1,9 @@
 """Read a registry file (YAML, or JSON when the name ends in ``.json``) into plain data.
 
 Duplicate keys are errors in both formats: PyYAML and ``json`` silently keep the last one,
-which would let a copy-pasted operating point shadow another without a word. Empty files are
+which would let a copy-pasted operating point shadow another without a word. YAML aliases are
+refused before anything is built: each one would share a subtree, so a few lines expand into
+billions of values (the "billion laughs") once the document is walked. Empty files are
 errors too (write ``{}`` for an empty registry), so a half-written file never wipes the
 registry. Every problem is a :class:`RegistryError` naming the file and the problem.
 """
@@ -19,7 +21,17 @@ from service.registry.errors import RegistryError
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate mapping keys."""
+    """SafeLoader that refuses duplicate mapping keys and aliases."""
+
+    def compose_node(self, parent: yaml.Node | None, index: Any) -> yaml.Node | None:
+        # An alias (``*name``, merge keys ``<<: *name`` too) shares a node: nine lines of aliases
+        # of aliases expand to 10^9 values once validated (it held the event loop for 11 s).
+        if self.check_event(yaml.AliasEvent):
+            event = self.peek_event()
+            raise yaml.composer.ComposerError(
+                None, None, f"alias *{event.anchor} is not allowed: write the value out", event.start_mark
+            )
+        return super().compose_node(parent, index)
 
 
 def _construct_mapping(

@@ -9,11 +9,16 @@ document from the app; nothing else. :data:`ASSETS` is the only list of files se
 sidebar shows a logo from its CDN (the img hides itself when that fails), so the service
 points it at the favicon it serves (:data:`REWRITES`) and the page asks nothing of the outside.
 URLs honour the ASGI ``root_path`` (a proxy's path prefix), as FastAPI's pages do. Not part of
-the OpenAPI document.
+the OpenAPI document. Each page carries a Content-Security-Policy (:func:`content_security_policy`):
+scripts from the service and the page's own inline script by its hash only, requests to the
+service only, and no framing by another page.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import re
 from functools import lru_cache
 from importlib.resources import files
 from pathlib import Path
@@ -50,6 +55,30 @@ _HEADERS = {"Cache-Control": "public, max-age=86400", "X-Content-Type-Options": 
 
 router = APIRouter(include_in_schema=False)
 
+_INLINE_SCRIPT = re.compile(rb"<script>(.*?)</script>", re.DOTALL)
+
+
+def content_security_policy(page: bytes) -> str:
+    """The policy of a docs page: its inline scripts allowed by their sha256 and nothing else
+    inline; styles may be inline (Swagger UI and ReDoc inject them); ReDoc's search runs in a
+    ``blob:`` worker (``child-src`` for browsers without ``worker-src``); images and fonts from
+    the service or ``data:`` (Swagger UI's icons)."""
+    hashes = "".join(
+        f" 'sha256-{base64.b64encode(hashlib.sha256(script).digest()).decode()}'"
+        for script in _INLINE_SCRIPT.findall(page)
+    )
+    return (
+        f"default-src 'none'; script-src 'self'{hashes}; style-src 'self' 'unsafe-inline'; "
+        "img-src 'self' data:; font-src 'self' data:; connect-src 'self'; worker-src 'self' blob:; "
+        "child-src 'self' blob:; base-uri 'none'; form-action 'self'; frame-ancestors 'none'"
+    )
+
+
+def _protected(page: HTMLResponse) -> HTMLResponse:
+    page.headers["Content-Security-Policy"] = content_security_policy(bytes(page.body))
+    page.headers["X-Frame-Options"] = "DENY"  # frame-ancestors for browsers that predate it
+    return page
+
 
 class _Page(NamedTuple):
     root: str  # the proxy's path prefix (ASGI root_path), "" without one
@@ -69,31 +98,31 @@ def _page(request: Request, tool: str) -> _Page:
 @router.get("/docs")
 async def swagger_ui(request: Request) -> HTMLResponse:
     page = _page(request, "Swagger UI")
-    return get_swagger_ui_html(
+    return _protected(get_swagger_ui_html(
         openapi_url=page.openapi_url,
         title=page.title,
         oauth2_redirect_url=f"{page.root}/docs/oauth2-redirect",
         swagger_js_url=page.asset("swagger-ui-bundle.js"),
         swagger_css_url=page.asset("swagger-ui.css"),
         swagger_favicon_url=page.asset("favicon.png"),
-    )
+    ))
 
 
 @router.get("/docs/oauth2-redirect")
 async def swagger_ui_redirect() -> HTMLResponse:
-    return get_swagger_ui_oauth2_redirect_html()
+    return _protected(get_swagger_ui_oauth2_redirect_html())
 
 
 @router.get("/redoc")
 async def redoc(request: Request) -> HTMLResponse:
     page = _page(request, "ReDoc")
-    return get_redoc_html(
+    return _protected(get_redoc_html(
         openapi_url=page.openapi_url,
         title=page.title,
         redoc_js_url=page.asset("redoc.standalone.js"),
         redoc_favicon_url=page.asset("favicon.png"),
         with_google_fonts=False,
-    )
+    ))
 
 
 @lru_cache(maxsize=len(REWRITES))

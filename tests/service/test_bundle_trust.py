@@ -1,23 +1,28 @@
-"""The service serves only bundles that cannot change under it: private snapshot, permissions,
-and an encoder-less bundle does not silently replace one with an encoder."""
+"""The service serves only bundles that cannot change under it: private snapshot (the index and
+the query encoder's weights), permissions, and an encoder-less bundle does not silently replace
+one with an encoder."""
 
 from __future__ import annotations
 
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
 
+import httpx
 import numpy as np
 import pytest
 
+from bench.live_server import LiveServer
 from service.config import Settings
 from service.lifecycle import check_encoder_kept
 from service.state import load_state
 from subspace.bundle import EMBEDDINGS, BundleError, write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
+from tests.encoder.test_private_weights import CHANGES, tamper
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 
@@ -61,3 +66,32 @@ def test_an_encoder_less_bundle_does_not_replace_one_with_an_encoder(tmp_path: P
     check_encoder_kept(path, SimpleNamespace(encoder=None, version="v"), _settings())  # type: ignore[arg-type]
     check_encoder_kept(path, None, _settings())  # the first bundle: vectors-only serving is allowed
     shutil.rmtree(path)
+
+
+def test_a_live_server_keeps_its_encoder_when_the_files_are_edited_or_truncated(
+    tiny_bundle_factory: Callable[[str], Path], server_factory: Callable[..., LiveServer]
+) -> None:
+    """Every file of ``encoder/`` edited in place, then truncated, while the server serves text
+    queries: the process lives and answers exactly as before (a weight mapped from a file would
+    change the ranking on the edit, and kill the server with SIGBUS on the truncation)."""
+    bundle = tiny_bundle_factory("served")
+    server = server_factory(bundle)
+    texts = ["how to bake bread", "facebook login page", "symptoms of flu in adults"]
+
+    def answers() -> tuple[list[list[tuple[str, float]]], list[list[float]]]:
+        hits = httpx.post(f"{server.url}/v1/search", json={"queries": [{"text": t} for t in texts], "k": 20},
+                          timeout=30)
+        vectors = httpx.post(f"{server.url}/v1/embeddings", json={"input": texts}, timeout=30)
+        assert hits.status_code == vectors.status_code == 200, (hits.text, vectors.text)
+        ranking = [[(h["id"], h["score"]) for h in r["hits"]] for r in hits.json()["results"]]
+        return ranking, [d["embedding"] for d in vectors.json()["data"]]
+
+    before = answers()
+    files = sorted(p for p in (bundle / "encoder").rglob("*") if p.is_file())
+    assert any(p.name == "model.safetensors" for p in files)
+    for change in CHANGES:
+        for path in files:
+            tamper(path, change)
+            assert server.proc.poll() is None, f"the server died after {change} of {path.name}:\n{server.log(3000)}"
+            assert answers() == before, f"{change} of {path.relative_to(bundle)} changed the answers"
+    assert httpx.get(f"{server.url}/readyz", timeout=10).status_code == 200

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -14,7 +16,7 @@ import pytest
 
 from bench.live_server import LiveServer
 from service.config import Settings
-from service.exposure import ExposureLog, unit_sampled
+from service.exposure import ExposureLog, hashed_unit, unit_sampled
 from tests.live_fixtures import vectors_only
 
 SALT = "exp-salt"
@@ -97,3 +99,49 @@ def test_off_by_default_and_file_needs_a_path() -> None:
     assert not ExposureLog.from_settings(Settings()).enabled
     with pytest.raises(ValueError, match="exposure_log_path"):
         ExposureLog.from_settings(Settings(exposure_log="file"))
+
+
+def _hashed(settings: Settings, unit: str = "user-42") -> str:
+    log = ExposureLog.from_settings(settings)
+    try:
+        rec = log.record(experiment="e", arm="a", unit_id=unit, operating_point=None, bundle_version="v",
+                         k=1, queries=1, latency_seconds=0.001)
+    finally:
+        log.close()
+    assert rec is not None
+    return str(rec["unit_id"])
+
+
+def test_without_a_salt_a_random_one_is_generated_at_the_first_start_and_kept(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An empty salt would let anyone recover a unit id from a record: ``sha256(":" + guess)``."""
+    settings = Settings(exposure_log="file", exposure_log_path=tmp_path / "logs" / "exposure.jsonl")
+    with caplog.at_level(logging.WARNING, logger="service.exposure"):
+        first = _hashed(settings)
+    assert first != hashed_unit("user-42", "")
+    salt_file = tmp_path / "logs" / "exposure.jsonl.salt"
+    assert first == hashed_unit("user-42", salt_file.read_text().strip())
+    assert stat.S_IMODE(salt_file.stat().st_mode) == 0o600
+    assert "ESP_EXPOSURE_SALT is not set" in caplog.text and "generated now" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="service.exposure"):
+        assert _hashed(settings) == first  # the next start keeps it: records still join by unit
+    assert "kept in" in caplog.text and "generated" not in caplog.text
+    own = tmp_path / "salt"
+    assert _hashed(Settings(exposure_log="stdout", exposure_salt_file=own)) == hashed_unit(
+        "user-42", own.read_text().strip()
+    )
+
+
+def test_stdout_without_a_salt_file_hashes_with_a_salt_of_the_process(
+    caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
+) -> None:
+    with caplog.at_level(logging.WARNING, logger="service.exposure"):
+        one, two = _hashed(Settings(exposure_log="stdout")), _hashed(Settings(exposure_log="stdout"))
+    assert hashed_unit("user-42", "") not in (one, two) and one != two
+    assert "hashes change at every start" in caplog.text
+    caplog.clear()
+    assert _hashed(Settings(exposure_log="stdout", exposure_salt=SALT)) == hashed_unit("user-42", SALT)
+    assert caplog.text == ""  # a set salt: nothing to warn about
+    capsys.readouterr()

@@ -11,6 +11,7 @@ from pathlib import Path
 import httpx
 
 from bench.live_server import LiveServer
+from service.logs import redact_path
 from service.metrics import PROCESS_METRIC_NAMES
 from tests.live_fixtures import vectors_only
 
@@ -50,6 +51,25 @@ def test_json_lines_carry_the_request_id_the_response_echoes(vectors_served: Liv
     assert access_line(missing.headers["x-request-id"])["status"] == 422
     # the service's own lines (bundle loading) are JSON too, outside any request
     assert any(x["logger"].startswith("service.") and x["request_id"] is None for x in _records(vectors_served))
+
+
+def test_no_unit_id_reaches_the_access_log(vectors_served: LiveServer) -> None:
+    """A unit id is a user's or a session's id: the assignment route's query holds one."""
+    unit = "user-4711-secret"
+    r = httpx.get(f"{vectors_served.url}/v1/experiments/ent/assignment", params={"unit_id": unit},
+                  headers={"X-Request-ID": "assign-1"}, timeout=30)
+    assert r.status_code == 200 and r.json()["unit_id"] == unit
+    encoded = httpx.get(f"{vectors_served.url}/v1/experiments/ent/assignment?unit%5Fid={unit}x", timeout=30)
+    assert encoded.status_code == 200
+    for _ in range(50):  # the access line is written right after the response starts
+        lines = [x for x in _records(vectors_served) if x.get("request_id") == "assign-1"]
+        if lines:
+            break
+    assert lines[0]["path"] == "/v1/experiments/ent/assignment?unit_id=REDACTED"
+    assert "unit_id=REDACTED" in lines[0]["message"]
+    assert unit not in vectors_served.log()
+    assert redact_path("/a?k=1&unit_id=u&x=unit_id&unit%5Fid=v") == "/a?k=1&unit_id=REDACTED&x=unit_id&unit%5Fid=REDACTED"
+    assert redact_path("/v1/layout") == "/v1/layout"
 
 
 def test_process_and_gc_metrics_are_exposed(vectors_served: LiveServer) -> None:

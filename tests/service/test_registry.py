@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -173,6 +174,19 @@ def test_malformed_files_name_the_file_and_the_problem(tmp_path: Path) -> None:
         assert expected[name] in err.value.message, (name, err.value.message)
     with pytest.raises(RegistryError, match="cannot read"):
         Registry.load(tmp_path / "absent.yaml", LAYOUT)
+
+
+def test_yaml_aliases_are_refused_before_they_expand(tmp_path: Path) -> None:
+    shared = "operating_points:\n  a: {weights: &w {semantic: 1.0}}\n  b: {weights: *w}\n"
+    merged = "operating_points:\n  a: &p {weights: {semantic: 1.0}}\n  b: {<<: *p, description: x}\n"
+    laughs = "x0: &x0 [1, 1, 1, 1, 1, 1, 1, 1, 1]\n" + "".join(
+        f"x{i}: &x{i} [{', '.join([f'*x{i - 1}'] * 9)}]\n" for i in range(1, 9)
+    )  # 9^9 values once expanded
+    for name, text, where in [("shared.yaml", shared, "*w is not allowed: write the value out (line 3"),
+                              ("merged.yaml", merged, "*p is not allowed"), ("laughs.yaml", laughs, "*x0")]:
+        (tmp_path / name).write_text(text)
+        with pytest.raises(RegistryError, match=re.escape(where)):
+            Registry.load(tmp_path / name, LAYOUT)
 
 
 def test_json_and_yaml_load_the_same_registry(tmp_path: Path) -> None:

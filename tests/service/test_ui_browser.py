@@ -98,6 +98,7 @@ def assert_only_the_service(visit: Visit, server: LiveServer) -> None:
     assert visit.outside(server.url) == []
     assert visit.blocked == []
     assert visit.errors == []
+    assert [e for e in visit.console_errors if "Content Security Policy" in e] == []  # works under it
 
 
 @pytest.fixture(scope="module")

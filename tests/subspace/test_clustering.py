@@ -193,6 +193,21 @@ def test_bad_parameters_name_the_field(kwargs, field) -> None:
     assert field in str(err.value)
 
 
+@pytest.mark.parametrize(("method", "params"), RUNS)
+def test_the_clusters_do_not_depend_on_the_scale_of_the_weights(keywords, method, params) -> None:
+    """``1 - s / W`` is scale-invariant, as search's ranking is: weights of 1e-300 (whose square
+    roots underflow float32) cluster as their 1e300-fold multiple does, with finite similarities."""
+    emb, _, _ = keywords
+    base = cluster_embeddings(emb, LAYOUT, SEMANTIC_HEAVY, method, **params)
+    for scale in (1e-300, 1e-30, 1e30):
+        w = {name: v * scale for name, v in SEMANTIC_HEAVY.items()}
+        res = cluster_embeddings(emb, LAYOUT, w, method, **params)
+        np.testing.assert_array_equal(res.labels, base.labels)
+        np.testing.assert_allclose(res.similarity, base.similarity, atol=1e-5)
+        assert np.isfinite(res.similarity[res.labels >= 0]).all()
+        np.testing.assert_array_equal(res.block_weights, [w[n] for n in LAYOUT.names])  # as asked
+
+
 def test_bad_weights_and_inputs(keywords) -> None:
     emb, _, _ = keywords
     with pytest.raises(WeightError, match="valid names"):

@@ -100,6 +100,9 @@ def test_conditions_hold_only_where_the_field_is_present_and_not_complements() -
         ({"field": "year", "gt": 1, "gte": 2}, "filter"),
         ({"fields": "year"}, "filter"),
         ({"field": "year", "gt": float("nan")}, "filter.gt"),
+        ({"field": "score", "eq": 10**400}, "filter.eq"),  # an integer beyond float64
+        ({"field": "score", "gte": -(10**400)}, "filter.gte"),
+        ({"field": "score", "in": [1.5, 10**400]}, "filter.in[1]"),
     ],
 )
 def test_bad_filters_name_the_field(spec: dict[str, Any], field: str) -> None:
