@@ -90,14 +90,15 @@ class SparseLexical:
         return np.asarray((queries @ self.docs.T.astype(np.float64)).toarray())
 
     def scores_at(self, queries: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
-        """``(n, M)`` float64 scores of query ``i`` against documents ``rows[i]`` (``-1``: 0)."""
+        """``(n, M)`` float64 scores of query ``i`` against documents ``rows[i]`` (``-1``: 0), equal
+        to :meth:`scores` bit for bit (the same products summed in the same order, the query's)."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.zeros(rows.shape, dtype=np.float64)
         for i in range(rows.shape[0]):
             ok = rows[i] >= 0
             if ok.any():
-                d = self.docs[rows[i][ok]].astype(np.float64)
-                out[i, ok] = np.asarray((d @ queries[i].T).toarray()).ravel()
+                d = self.docs[rows[i][ok]].T.astype(np.float64)
+                out[i, ok] = np.asarray((queries[i] @ d).toarray()).ravel()
         return out
 
     # --- storage -------------------------------------------------------------------------------
