@@ -37,6 +37,8 @@ from subspace.atomic import atomic_write_bytes, atomic_write_text
 TOKEN = re.compile(r"(?u)\b\w\w+\b")
 KIND = "bm25"
 _FILES = ("data", "indices", "indptr")
+#: the files :meth:`SparseLexical.save` writes into its folder
+FILES = (*(f"{n}.npy" for n in _FILES), "vocab.json")
 
 
 def tokenize(text: str) -> list[str]:
@@ -122,11 +124,30 @@ class SparseLexical:
     @classmethod
     def load(cls, folder: Path) -> SparseLexical:
         """Inverse of :meth:`save`; the arrays are read into memory (no file stays mapped)."""
-        meta = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-        if meta.get("kind") != KIND:
-            raise ValueError(f"{folder / 'vocab.json'}: kind must be {KIND!r}, got {meta.get('kind')!r}")
-        parts = {n: np.load(folder / f"{n}.npy", allow_pickle=False) for n in _FILES}
-        docs = sp.csr_matrix((parts["data"], parts["indices"], parts["indptr"]),
-                             shape=(int(meta["n_docs"]), len(meta["vocab"])))
-        idf = np.asarray(meta["idf"], dtype=np.float32)
-        return cls(docs, tuple(meta["vocab"]), idf, meta.get("params", {}))
+        return cls.from_bytes({name: (folder / name).read_bytes() for name in FILES})
+
+    @classmethod
+    def from_bytes(cls, files: Mapping[str, bytes]) -> SparseLexical:
+        """The block from the contents of the files of :data:`FILES` (read once, e.g. hashed as
+        read by :func:`subspace.bundle.read_bundle`); ``ValueError`` naming the file at fault."""
+        try:
+            meta = json.loads(files["vocab.json"].decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"vocab.json: not valid JSON ({exc})") from exc
+        if not isinstance(meta, dict) or meta.get("kind") != KIND:
+            kind = meta.get("kind") if isinstance(meta, dict) else None
+            raise ValueError(f"vocab.json: kind must be {KIND!r}, got {kind!r}")
+        parts = {}
+        for n in _FILES:
+            try:
+                parts[n] = np.load(io.BytesIO(files[f"{n}.npy"]), allow_pickle=False)
+            except (ValueError, OSError, EOFError) as exc:
+                raise ValueError(f"{n}.npy: unreadable ({exc})") from exc
+        try:
+            docs = sp.csr_matrix((parts["data"], parts["indices"], parts["indptr"]),
+                                 shape=(int(meta["n_docs"]), len(meta["vocab"])))
+            docs.check_format(full_check=True)
+            idf = np.asarray(meta["idf"], dtype=np.float32)
+            return cls(docs, tuple(meta["vocab"]), idf, meta.get("params", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"data.npy, indices.npy, indptr.npy, vocab.json disagree ({exc})") from exc
