@@ -14,6 +14,10 @@ loop every backend runs (its steps in :mod:`subspace.engine.refine`):
 3. **exact re-rank**: candidates re-scored in float64 from the master corpus (the float32 or
    float16 matrix as given, e.g. memory-mapped from the bundle), ordered by (score desc, row asc).
 
+Sparse blocks (``sparse_blocks``, a BM25 :class:`~subspace.sparse.SparseLexical`) are one more
+exact term of the score in every step (:mod:`subspace.engine.sparse_terms`), for a backend
+whose :class:`Capabilities` declare ``sparse``.
+
 So every backend and precision returns exactly the float64 brute-force top k; low precision
 changes only speed (and, on adversarial data, how often step 2 rescans). An approximate backend
 supplies its own candidates instead (:meth:`Backend._candidates`) and declares so in its

@@ -18,9 +18,10 @@ scan), so a device backend keeps the corpus, the work and the candidates on the 
 
 **Sparse blocks** (:mod:`subspace.engine.sparse_terms`: a BM25 block ``w_s <q_s, d_s>``, its
 weight one more ``w_k``) are one more exact term without a change to the loop: their queries
-and weights are :attr:`Batch.sparse` (built in :func:`scale`, the one place queries are scaled,
-carried to rescans by ``take``), their reach ``sum_s w_s sum_t |q_t| max|d_t|`` is part of
-:attr:`Batch.bound` and of the scan factor; a scan adds their float32 scores to its dense ones
+and weights are :attr:`Batch.sparse` (checked by the backend, stored by :func:`scale`, the one
+place queries are scaled, carried to rescans by ``take``); their reach
+``sum_s w_s sum_t |q_t| max|d_t|`` is part of :attr:`Batch.bound` and of the scan factor; a
+scan adds their float32 scores to its dense ones
 (:class:`~subspace.engine.sparse_terms.SparseScan`, given to ``_scan``, ``_scan_masked`` and
 ``_scan_rows`` as ``sparse``), whose per-query rounding ``Backend._eps`` adds to ``eps``, so
 :func:`complete` and :func:`prune` stay valid as they are; ``Backend._exact_scores`` adds their
