@@ -178,6 +178,7 @@ class Backend(ABC):
             )
         self.master = corpus
         self.layout = layout
+        #: the sparse blocks held (name -> block in ``.blocks``) and their posting lists; ``None``: none
         self.sparse_blocks = self._check_sparse_blocks(sparse_blocks or {}, corpus.shape[0])
         self._precision = precision
         self.threads = threads or default_threads()
@@ -537,6 +538,7 @@ class Backend(ABC):
         return q, np.broadcast_to(w, (q.shape[0], K)), int(k)
 
     def _check_sparse_blocks(self, blocks: Mapping[str, SparseLexical], n: int) -> SparseBlocks | None:
+        """The ``sparse_blocks`` argument, checked (one row per corpus row, finite), as the loop holds it."""
         for name, block in blocks.items():
             where = f"sparse_blocks.{name}"
             if not isinstance(block, SparseLexical):

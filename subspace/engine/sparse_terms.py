@@ -8,8 +8,10 @@ block's row of the ``(N, V)`` document matrix. The loop treats it as one more ex
   reach ``sum_t |q_t| max_d |d_t|`` (no document scores above it; ``< 1`` for an encoded BM25
   query), which goes into ``Batch.bound`` like a dense block's ``|q_k| max |d_k|``;
 - the scan (:class:`SparseScan`): ``(m, N)`` float32 scores of the f-scaled weighted queries,
-  one term-at-a-time product over the posting lists (the transposed matrix, held once), kept
-  sparse; a scan adds a range of its columns to each chunk of dense scores;
+  one term-at-a-time product over the posting lists (the transposed matrix, held once beside
+  the block), kept sparse (one entry per query and matching document, so a query of common
+  terms costs memory in proportion); a scan adds a range of its columns to each chunk of dense
+  scores;
 - the re-rank: the float64 dot at the candidates, weighted, added to the dense float64 score.
 
 The scan term's rounding depends on the query (how many terms it has), not on the backend, so

@@ -186,3 +186,15 @@ def test_the_engine_ranks_as_the_evaluation_does(make_engine, data, bm25) -> Non
         w = np.array([point[n] for n in layout.names])
         got = engine.search(q, w, 10, sparse={"bm25": (sq, point.get("bm25", 1.0))})
         np.testing.assert_array_equal(got.rows, rows)
+
+
+def test_the_fallback_chain_skips_a_backend_without_the_capability(data, bm25, caplog) -> None:  # type: ignore[no-untyped-def]
+    from service.engine import create_engine
+
+    layout, corpus, _ = data
+    engine = create_engine("ivf", corpus, layout, fallback=["numpy"], sparse_blocks={"bm25": bm25})
+    try:
+        assert engine.name == "numpy" and engine.sparse_blocks is not None
+        assert "ivf: cannot score sparse blocks" in caplog.text
+    finally:
+        engine.close()
