@@ -143,3 +143,11 @@ def test_manifest_and_content_disagreements_are_named(tmp_path: Path) -> None:
     rehash(path)
     with pytest.raises(BundleError, match=r"^sparse/bm25/"):
         read_bundle(path)
+
+
+def test_a_block_of_another_corpus_is_refused(tmp_path: Path) -> None:
+    path = write(tmp_path / "b", sparse={"bm25": block()})
+    block(n=N - 1).save(path / "sparse" / "bm25")  # a whole, consistent block of 39 documents
+    rehash(path)
+    with pytest.raises(BundleError, match=r"sparse/bm25/vocab\.json: 39 documents but corpus\.count is 40"):
+        read_bundle(path)
