@@ -61,6 +61,16 @@ def test_round_trip(tmp_path: Path, snapshot: bool) -> None:
     np.testing.assert_array_equal(got.idf, bm25.idf)
 
 
+def test_cli_bundle_info_lists_the_blocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from esp_cli.main import main as esp
+
+    assert esp(["bundle-info", str(write(tmp_path / "b", sparse={"bm25": block()}))]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert summary["sparse"] == [{"name": "bm25", "kind": "bm25", "vocab_size": 30, "default_weight": 1.0}]
+    assert esp(["bundle-info", str(write(tmp_path / "plain"))]) == 0
+    assert "sparse" not in json.loads(capsys.readouterr().out)
+
+
 def test_a_bundle_without_sparse_blocks_is_as_before(tmp_path: Path) -> None:
     path = write(tmp_path / "b")
     manifest = json.loads((path / MANIFEST).read_text())
