@@ -38,6 +38,8 @@ def run(args: argparse.Namespace) -> int:
         # what a registry file's `bundle.sha256` names (service.rollout): it pins every file
         "manifest_sha256": hashlib.sha256((Path(args.bundle) / "manifest.json").read_bytes()).hexdigest(),
         "sections": sorted(set(m) - {"files", "layout", "corpus"}),
+        # the sparse blocks (name, kind, vocab_size, default_weight), for a bundle that has them
+        **({"sparse": m["sparse"]} if bundle.sparse else {}),
     }
     print(json.dumps(summary, indent=2))
     return 0

@@ -8,6 +8,8 @@ A bundle is a directory::
     ids.json         N unique document ids (strings)
     docs.jsonl       optional: one JSON object per row (text, title, url, ...)
     encoder/         optional: the query encoder (written by training, read by the service)
+    sparse/<name>/   optional: a sparse block (:class:`subspace.sparse.SparseLexical`: data, indices,
+                     indptr .npy and vocab.json), listed in the manifest's ``sparse`` section
 
 It is written atomically (a temporary sibling directory renamed into place) and read back
 with every check the service needs before it swaps a bundle in: checksums, shapes, dtype,
@@ -32,10 +34,11 @@ import hashlib
 import io
 import json
 import os
+import re
 import shutil
 import stat
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -45,6 +48,9 @@ from subspace.atomic import atomic_dir
 from subspace.errors import FieldError
 from subspace.jsonfile import read_json_object
 from subspace.layout import LayoutError, SubspaceLayout
+from subspace.sparse import FILES as SPARSE_FILES
+from subspace.sparse import KIND as SPARSE_KIND
+from subspace.sparse import SparseLexical
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -52,6 +58,8 @@ EMBEDDINGS = "embeddings.npy"
 IDS = "ids.json"
 DOCS = "docs.jsonl"
 ENCODER = "encoder"
+SPARSE = "sparse"
+_SPARSE_NAME = re.compile(r"[A-Za-z0-9_-]{1,64}")
 DTYPES = ("float32", "float16")
 _CHUNK = 1 << 22
 
@@ -72,6 +80,9 @@ class Bundle:
     ids: list[str]
     snapshot: bool = False
     snapshot_docs: list[dict[str, Any]] | None = None
+    #: the sparse blocks (``sparse/<name>/``), name -> block, in the manifest's order; read into
+    #: memory from the bytes that were hashed
+    sparse: Mapping[str, SparseLexical] = field(default_factory=dict)
 
     @property
     def version(self) -> str:
@@ -182,6 +193,8 @@ def write_bundle(
     encoder_dir: str | os.PathLike[str] | None = None,
     sections: Mapping[str, Any] | None = None,
     overwrite: bool = False,
+    sparse: Mapping[str, SparseLexical] | None = None,
+    sparse_weights: Mapping[str, float] | None = None,
 ) -> Path:
     """Write a bundle atomically and return its path.
 
@@ -189,7 +202,10 @@ def write_bundle(
     job; :func:`subspace.scoring.normalize_blocks`). ``encoder_dir`` is copied to ``encoder/``.
     Files are written 0o644 and folders 0o755, whatever the umask or the copied files' modes.
     ``sections`` are extra manifest entries (encoder, training, operating_points, ...).
-    Nothing is visible at ``out`` until the whole bundle is on disk.
+    ``sparse``: name -> :class:`SparseLexical` over the same ``N`` rows, written to
+    ``sparse/<name>/`` and listed in the manifest's ``sparse`` section with its default serving
+    weight (``sparse_weights``, else 1.0). Nothing is visible at ``out`` until the whole bundle
+    is on disk.
     """
     out = Path(out)
     emb = np.asarray(embeddings)
@@ -200,7 +216,9 @@ def write_bundle(
     if not np.all(np.isfinite(emb)):
         raise BundleError("embeddings: contain NaN or inf")
     id_list = _check_ids(list(ids), emb.shape[0], "ids")
-    reserved = {"format_version", "version", "layout", "corpus", "files"}
+    sparse = dict(sparse or {})
+    blocks = _check_sparse(sparse, dict(sparse_weights or {}), layout, emb.shape[0])
+    reserved = {"format_version", "version", "layout", "corpus", "files", SPARSE}
     clash = reserved & set(sections or {})
     if clash:
         raise BundleError(f"sections may not override reserved manifest keys {sorted(clash)}")
@@ -220,6 +238,8 @@ def write_bundle(
                 raise BundleError(f"docs: {n_docs} rows for {emb.shape[0]} embedding rows")
         if encoder_dir is not None:
             shutil.copytree(encoder_dir, tmp / ENCODER)
+        for name in blocks:
+            sparse[name].save(tmp / SPARSE / name)
         files = {rel: sha256_file(tmp / rel) for rel in _files_under(tmp)}
         version = content_version(files)
         manifest = {
@@ -228,6 +248,7 @@ def write_bundle(
             "layout": layout.to_dict(),
             "corpus": {"count": int(emb.shape[0]), "dim": layout.dim, "dtype": emb.dtype.name},
             **dict(sections or {}),
+            **({SPARSE: list(blocks.values())} if blocks else {}),
             "files": files,
         }
         (tmp / MANIFEST).write_text(json.dumps(manifest, indent=2, default=json_default), "utf-8")
@@ -235,6 +256,36 @@ def write_bundle(
             with (tmp / rel).open("rb") as fh:
                 os.fsync(fh.fileno())
     return out
+
+
+def _check_sparse(
+    sparse: dict[str, SparseLexical], weights: dict[str, float], layout: SubspaceLayout, n: int
+) -> dict[str, dict[str, Any]]:
+    """The manifest entries of the sparse blocks to write (name, kind, vocab size, default weight)."""
+    unknown = sorted(set(weights) - set(sparse))
+    if unknown:
+        raise BundleError(f"sparse_weights: {unknown} are not sparse blocks ({sorted(sparse)})")
+    out = {}
+    for name, block in sparse.items():
+        where = f"sparse.{name}"
+        if not isinstance(name, str) or not _SPARSE_NAME.fullmatch(name):
+            raise BundleError(f"{where}: a sparse block's name is 1-64 of A-Z a-z 0-9 _ -, got {name!r}")
+        if name in layout.names:
+            raise BundleError(f"{where}: the layout has a block of that name; weights are keyed by name")
+        if not isinstance(block, SparseLexical):
+            raise BundleError(f"{where}: must be a SparseLexical, got {type(block).__name__}")
+        if block.n_docs != n:
+            raise BundleError(f"{where}: {block.n_docs} documents for {n} embedding rows")
+        weight = weights.get(name, 1.0)
+        if not _is_weight(weight):
+            raise BundleError(f"sparse_weights.{name}: must be a finite number >= 0, got {weight!r}")
+        out[name] = {"name": name, "kind": SPARSE_KIND, "vocab_size": len(block.vocab),
+                     "default_weight": float(weight)}
+    return out
+
+
+def _is_weight(w: Any) -> bool:
+    return not isinstance(w, bool) and isinstance(w, int | float) and bool(np.isfinite(w)) and w >= 0
 
 
 def json_default(obj: Any) -> Any:
@@ -331,7 +382,9 @@ def read_bundle(
     extra = sorted(present - set(listed))
     if extra:
         raise BundleError(f"{extra[0]}: present in {root} but not listed in the manifest")
-    private = {EMBEDDINGS, IDS, DOCS} if snapshot else set()
+    # sparse blocks live in memory: always read once, hashed as read and parsed from those bytes
+    private = {rel for rel in listed if rel.startswith(f"{SPARSE}/")}
+    private |= {EMBEDDINGS, IDS, DOCS} if snapshot else set()
     raw: dict[str, bytes] = {}
     for rel, digest in listed.items():
         if rel in private:
@@ -368,6 +421,7 @@ def read_bundle(
     docs: list[dict[str, Any]] | None = None
     if snapshot and DOCS in raw:
         docs = _parse_docs(raw.pop(DOCS), len(ids))
+    sparse = _read_sparse(manifest, layout, emb.shape[0], raw)
     expected = content_version(listed)
     if str(manifest["version"]) != expected:
         raise BundleError(
@@ -376,8 +430,55 @@ def read_bundle(
         )
     return Bundle(
         path=root, manifest=manifest, layout=layout, embeddings=emb, ids=ids, snapshot=snapshot,
-        snapshot_docs=docs,
+        snapshot_docs=docs, sparse=sparse,
     )
+
+
+def _read_sparse(
+    manifest: Mapping[str, Any], layout: SubspaceLayout, n: int, raw: dict[str, bytes]
+) -> dict[str, SparseLexical]:
+    """The manifest's sparse blocks, each parsed from the bytes hashed as read (``raw``) (checked: listed
+    files, kind, vocabulary size, one row per corpus row); no file under ``sparse/`` is left out."""
+    section = manifest.get(SPARSE, [])
+    if not isinstance(section, list) or not all(isinstance(e, dict) for e in section):
+        raise BundleError(f"{MANIFEST}: '{SPARSE}' must be a list of objects")
+    listed: dict[str, str] = manifest["files"]
+    out: dict[str, SparseLexical] = {}
+    for i, entry in enumerate(section):
+        where = f"{MANIFEST}:{SPARSE}[{i}]"
+        name = entry.get("name")
+        if not isinstance(name, str) or not _SPARSE_NAME.fullmatch(name) or name in out:
+            raise BundleError(f"{where}.name: a new name of 1-64 of A-Z a-z 0-9 _ -, got {name!r}")
+        if name in layout.names:
+            raise BundleError(f"{where}.name: {name!r} is also a layout block")
+        if entry.get("kind") != SPARSE_KIND:
+            kind = entry.get("kind")
+            raise BundleError(f"{where}.kind: {kind!r} is not supported (this build reads {SPARSE_KIND!r})")
+        weight = entry.get("default_weight")
+        if not _is_weight(weight):
+            raise BundleError(f"{where}.default_weight: must be a finite number >= 0, got {weight!r}")
+        files = {f: f"{SPARSE}/{name}/{f}" for f in SPARSE_FILES}
+        for rel in files.values():
+            if rel not in listed:
+                raise BundleError(f"{MANIFEST}: 'files' does not list {rel}")
+        try:
+            block = SparseLexical.from_bytes({f: raw.pop(rel) for f, rel in files.items()})
+        except ValueError as exc:
+            if isinstance(exc, BundleError):
+                raise
+            raise BundleError(f"{SPARSE}/{name}/{exc}") from exc
+        if len(block.vocab) != entry.get("vocab_size"):
+            raise BundleError(
+                f"{SPARSE}/{name}/vocab.json: {len(block.vocab)} terms but {where}.vocab_size is "
+                f"{entry.get('vocab_size')!r}"
+            )
+        if block.n_docs != n:
+            raise BundleError(f"{SPARSE}/{name}/vocab.json: {block.n_docs} documents but corpus.count is {n}")
+        out[name] = block
+    stray = sorted(r for r in listed if r.startswith(f"{SPARSE}/") and r.split("/")[1] not in out)
+    if stray:
+        raise BundleError(f"{stray[0]}: under {SPARSE}/ but not a sparse block of the manifest")
+    return out
 
 
 def _parse_docs(data: bytes, n: int) -> list[dict[str, Any]]:

@@ -37,6 +37,8 @@ from subspace.atomic import atomic_write_bytes, atomic_write_text
 TOKEN = re.compile(r"(?u)\b\w\w+\b")
 KIND = "bm25"
 _FILES = ("data", "indices", "indptr")
+#: the files :meth:`SparseLexical.save` writes into its folder
+FILES = (*(f"{n}.npy" for n in _FILES), "vocab.json")
 
 
 def tokenize(text: str) -> list[str]:
@@ -90,14 +92,15 @@ class SparseLexical:
         return np.asarray((queries @ self.docs.T.astype(np.float64)).toarray())
 
     def scores_at(self, queries: sp.csr_matrix, rows: np.ndarray) -> np.ndarray:
-        """``(n, M)`` float64 scores of query ``i`` against documents ``rows[i]`` (``-1``: 0)."""
+        """``(n, M)`` float64 scores of query ``i`` against documents ``rows[i]`` (``-1``: 0), equal
+        to :meth:`scores` bit for bit (the same products summed in the same order, the query's)."""
         rows = np.asarray(rows, dtype=np.int64)
         out = np.zeros(rows.shape, dtype=np.float64)
         for i in range(rows.shape[0]):
             ok = rows[i] >= 0
             if ok.any():
-                d = self.docs[rows[i][ok]].astype(np.float64)
-                out[i, ok] = np.asarray((d @ queries[i].T).toarray()).ravel()
+                d = self.docs[rows[i][ok]].T.astype(np.float64)
+                out[i, ok] = np.asarray((queries[i] @ d).toarray()).ravel()
         return out
 
     # --- storage -------------------------------------------------------------------------------
@@ -121,11 +124,30 @@ class SparseLexical:
     @classmethod
     def load(cls, folder: Path) -> SparseLexical:
         """Inverse of :meth:`save`; the arrays are read into memory (no file stays mapped)."""
-        meta = json.loads((folder / "vocab.json").read_text(encoding="utf-8"))
-        if meta.get("kind") != KIND:
-            raise ValueError(f"{folder / 'vocab.json'}: kind must be {KIND!r}, got {meta.get('kind')!r}")
-        parts = {n: np.load(folder / f"{n}.npy", allow_pickle=False) for n in _FILES}
-        docs = sp.csr_matrix((parts["data"], parts["indices"], parts["indptr"]),
-                             shape=(int(meta["n_docs"]), len(meta["vocab"])))
-        idf = np.asarray(meta["idf"], dtype=np.float32)
-        return cls(docs, tuple(meta["vocab"]), idf, meta.get("params", {}))
+        return cls.from_bytes({name: (folder / name).read_bytes() for name in FILES})
+
+    @classmethod
+    def from_bytes(cls, files: Mapping[str, bytes]) -> SparseLexical:
+        """The block from the contents of the files of :data:`FILES` (read once, e.g. hashed as
+        read by :func:`subspace.bundle.read_bundle`); ``ValueError`` naming the file at fault."""
+        try:
+            meta = json.loads(files["vocab.json"].decode("utf-8"))
+        except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+            raise ValueError(f"vocab.json: not valid JSON ({exc})") from exc
+        if not isinstance(meta, dict) or meta.get("kind") != KIND:
+            kind = meta.get("kind") if isinstance(meta, dict) else None
+            raise ValueError(f"vocab.json: kind must be {KIND!r}, got {kind!r}")
+        parts = {}
+        for n in _FILES:
+            try:
+                parts[n] = np.load(io.BytesIO(files[f"{n}.npy"]), allow_pickle=False)
+            except (ValueError, OSError, EOFError) as exc:
+                raise ValueError(f"{n}.npy: unreadable ({exc})") from exc
+        try:
+            docs = sp.csr_matrix((parts["data"], parts["indices"], parts["indptr"]),
+                                 shape=(int(meta["n_docs"]), len(meta["vocab"])))
+            docs.check_format(full_check=True)
+            idf = np.asarray(meta["idf"], dtype=np.float32)
+            return cls(docs, tuple(meta["vocab"]), idf, meta.get("params", {}))
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"data.npy, indices.npy, indptr.npy, vocab.json disagree ({exc})") from exc

@@ -25,11 +25,14 @@ from subspace.engine.base import (
     EngineInputError,
     LiveDocument,
     SearchResult,
+    SparseUnsupportedError,
     check_precision,
 )
 from subspace.engine.ivf import IvfBackend
 from subspace.engine.numpy_backend import NumpyBackend
+from subspace.engine.sparse_terms import SparseQuery
 from subspace.layout import SubspaceLayout
+from subspace.sparse import SparseLexical
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ def create_engine(
     fallback: Sequence[str] | None = None,
     chunk_rows: int | None = None,
     options: Mapping[str, Callable[[], Mapping[str, Any]]] | None = None,
+    sparse_blocks: Mapping[str, SparseLexical] | None = None,
 ) -> Backend:
     """Start backend ``name`` (or the first of :data:`AUTO_ORDER` that works, for ``"auto"``).
 
@@ -69,6 +73,8 @@ def create_engine(
     and :class:`EngineInputError` for an unknown backend or precision name. ``options``: per
     backend name, what returns its own keyword arguments, called only when that backend is
     tried (the ``ivf`` backend's index, :func:`service.engine.ann.ivf_options`).
+    ``sparse_blocks``: the bundle's sparse blocks, given to every backend tried; one whose
+    capabilities do not declare ``sparse`` is skipped with that reason.
     """
     check_precision(precision)
     chain = list(AUTO_ORDER[precision]) if name == "auto" else [name, *(fallback or ())]
@@ -82,7 +88,13 @@ def create_engine(
         try:
             extra = options[candidate]() if options and candidate in options else {}
             engine = BACKENDS[candidate](
-                corpus, layout, precision=precision, threads=threads, chunk_rows=chunk_rows, **extra
+                corpus,
+                layout,
+                precision=precision,
+                threads=threads,
+                chunk_rows=chunk_rows,
+                **({"sparse_blocks": sparse_blocks} if sparse_blocks else {}),
+                **extra,
             )
         except (BackendUnavailable, ImportError) as exc:
             reason = str(exc) if str(exc).startswith(f"{candidate}:") else f"{candidate}: {exc}"
@@ -110,5 +122,7 @@ __all__ = [
     "EngineInputError",
     "LiveDocument",
     "SearchResult",
+    "SparseQuery",
+    "SparseUnsupportedError",
     "create_engine",
 ]

@@ -61,7 +61,8 @@ def torch_topk(xp: ModuleType, torch: Any, x: Array, c: int) -> Array:
 class CupyBackend(ArrayScanBackend):
     name: ClassVar[str] = "cupy"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
-    capabilities: ClassVar[Capabilities] = Capabilities()  # exact, the bundle's rows, read-only
+    # exact, the bundle's rows, read-only; no sparse blocks (a device scan cannot add them yet)
+    capabilities: ClassVar[Capabilities] = Capabilities()
     workspace_bytes: ClassVar[int] = 1 << 30  # score buffer per scan step (device memory)
     rerank_elements: ClassVar[int] = 1 << 25  # float64 elements gathered at once (256 MiB)
 

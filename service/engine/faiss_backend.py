@@ -14,6 +14,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from subspace.engine.base import Backend, BackendUnavailable, Capabilities
+from subspace.engine.sparse_terms import SparseScan
 
 _ADD_CHUNK = 65536
 
@@ -52,7 +53,10 @@ class FaissBackend(Backend):
     def _lowp_products(self, nq: int) -> bool:
         return False  # the scalar quantizer decodes to float32 before the product
 
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan(
+        self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """faiss' own scan: it adds no sparse term (``capabilities.sparse`` is false)."""
         faiss = self._faiss
         before_threads = faiss.omp_get_max_threads()
         before_blas = faiss.cvar.distance_compute_blas_threshold

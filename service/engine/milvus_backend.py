@@ -55,6 +55,7 @@ from subspace.engine.base import (
     SearchResult,
 )
 from subspace.engine.refine import Batch, Candidates, Filter, RowTable, scan_bound, stack_rows
+from subspace.engine.sparse_terms import SparseQuery, SparseScan
 from subspace.filters import (
     CompiledFilter,
     FieldType,
@@ -490,7 +491,9 @@ class MilvusBackend(Backend):
             return super().candidates(k)
         return min(MAX_TOPK, max(k + max(8, k // 8), self.settings.candidates))
 
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan(
+        self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         cand = self._fetch_candidates(scaled, c, "")
         return cand.rows, cand.scores
 
@@ -516,7 +519,12 @@ class MilvusBackend(Backend):
         return cand if self.exact else Candidates(cand.rows, source=cand.source)
 
     def search(
-        self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
+        self,
+        queries: np.ndarray,
+        block_weights: np.ndarray,
+        k: int,
+        allowed: Any = None,
+        sparse: Mapping[str, SparseQuery] | None = None,
     ) -> SearchResult:
         """Top ``k`` per query from Milvus, re-ranked in float64; exact on a FLAT collection.
 
@@ -524,7 +532,7 @@ class MilvusBackend(Backend):
         expression) or an ``(N,)`` row mask over the bundle's rows (sent as ``esp_row in [...]``).
         Queries with fewer matching documents than ``k`` get fewer hits: rows padded with ``-1``.
         """
-        result = super().search(queries, block_weights, k, allowed)
+        result = super().search(queries, block_weights, k, allowed, sparse)  # sparse: refused
         self._remember(result.rows)
         return result
 

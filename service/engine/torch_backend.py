@@ -30,7 +30,7 @@ from subspace.engine.numpy_backend import blas_limiter
 class TorchBackend(ChunkedBackend):
     name: ClassVar[str] = "torch"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
-    capabilities: ClassVar[Capabilities] = Capabilities()  # exact, the bundle's rows, read-only
+    capabilities: ClassVar[Capabilities] = Capabilities(sparse=True)  # exact, the bundle's rows, read-only
     # batches up to this size multiply low precision directly (memory-bound matrix-vector products)
     direct_max_batch: ClassVar[int] = 2
 

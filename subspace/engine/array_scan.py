@@ -22,8 +22,9 @@ from typing import ClassVar
 
 import numpy as np
 
-from subspace.engine.base import Backend, BackendUnavailable, EngineInputError
+from subspace.engine.base import Backend, BackendUnavailable, Capabilities, EngineInputError
 from subspace.engine.refine import Array
+from subspace.engine.sparse_terms import SparseScan
 
 _F16_MAX = 65504.0
 
@@ -53,6 +54,8 @@ class ArrayScanBackend(Backend):
 
     name: ClassVar[str] = "array"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16", "bfloat16")
+    #: sparse blocks are added to the scan on the host (numpy): a device backend declares its own
+    capabilities: ClassVar[Capabilities] = Capabilities(sparse=True)
     #: bytes of the per-step score buffer (plus a widened chunk, for low precision)
     workspace_bytes: ClassVar[int] = 8 << 20
     scan_masks: ClassVar[bool] = True
@@ -114,10 +117,12 @@ class ArrayScanBackend(Backend):
         widen = 0 if self._data_kind == "float32" else 4 * self.dim
         return max(1024, self.workspace_bytes // (self._score_bytes() * m + widen))
 
-    def _scan(self, scaled: Array, c: int) -> tuple[Array, Array]:
-        return self._scan_masked(scaled, c, None)
+    def _scan(self, scaled: Array, c: int, sparse: SparseScan | None = None) -> tuple[Array, Array]:
+        return self._scan_masked(scaled, c, None, sparse)
 
-    def _scan_masked(self, qscan: Array, c: int, allowed: Array) -> tuple[Array, Array]:
+    def _scan_masked(
+        self, qscan: Array, c: int, allowed: Array, sparse: SparseScan | None = None
+    ) -> tuple[Array, Array]:
         """Top ``c`` rows per query by scan score, sorted desc: ``(rows int64, scores float32)``.
 
         ``allowed`` (a mask on ``xp``, or ``None``): other rows score ``-inf`` (and come back as ``-1``).
@@ -132,6 +137,8 @@ class ArrayScanBackend(Backend):
         for start in range(0, n, chunk):
             stop = min(n, start + chunk)
             scores = self._gemm(prepared, start, stop)
+            if sparse is not None:  # host arrays only (capabilities.sparse)
+                scores = sparse.add(np.asarray(scores, np.float32), start, stop)
             if allowed is not None:
                 scores = xp.where(allowed[None, start:stop], scores, -xp.inf)
             vals, cols = self._chunk_top(scores, c)

@@ -14,6 +14,10 @@ loop every backend runs (its steps in :mod:`subspace.engine.refine`):
 3. **exact re-rank**: candidates re-scored in float64 from the master corpus (the float32 or
    float16 matrix as given, e.g. memory-mapped from the bundle), ordered by (score desc, row asc).
 
+Sparse blocks (``sparse_blocks``, a BM25 :class:`~subspace.sparse.SparseLexical`) are one more
+exact term of the score in every step (:mod:`subspace.engine.sparse_terms`), for a backend
+whose :class:`Capabilities` declare ``sparse``.
+
 So every backend and precision returns exactly the float64 brute-force top k; low precision
 changes only speed (and, on adversarial data, how often step 2 rescans). An approximate backend
 supplies its own candidates instead (:meth:`Backend._candidates`) and declares so in its
@@ -30,14 +34,17 @@ from types import ModuleType
 from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
+import scipy.sparse as sp
 
 from subspace.engine import refine
 from subspace.engine._select import TopCandidates
 from subspace.engine.refine import Array, Batch, Candidates, Filter
+from subspace.engine.sparse_terms import SparseBatch, SparseBlocks, SparseQuery, SparseScan
 from subspace.errors import FieldError
 from subspace.filters import MetadataSchema
 from subspace.layout import SubspaceLayout
 from subspace.scoring import subspace_scores
+from subspace.sparse import SparseLexical
 
 PRECISIONS: dict[str, float] = {
     # storage precision -> unit roundoff of one stored value (0 = the master itself)
@@ -52,7 +59,9 @@ _F16_SUB = 2.0**-25  # absolute rounding error of a float16 subnormal (|x| < 2**
 class SearchResult(NamedTuple):
     scores: np.ndarray  # (nq, k') float32, descending; k' = min(k, N)
     rows: np.ndarray  # (nq, k') int64 row indices into the corpus; ties -> lower row first
-    subspace_scores: np.ndarray  # (nq, k', K) float32 per-block cosines of those hits (unweighted)
+    #: (nq, k', K + S) float32 per-block scores of those hits (unweighted): the K cosines in
+    #: layout order, then the S sparse blocks of the search's ``sparse`` argument in its order
+    subspace_scores: np.ndarray
 
 
 @dataclass(frozen=True)
@@ -69,6 +78,9 @@ class Capabilities:
     writes: bool = False
     #: results may be approximate (by the backend's settings); they are still re-ranked exactly
     approximate: bool = False
+    #: sparse blocks (``sparse_blocks`` at construction, ``sparse`` in :meth:`Backend.search`)
+    #: are scored exactly beside the dense ones; without it a backend refuses both
+    sparse: bool = False
 
 
 @dataclass(frozen=True)
@@ -86,6 +98,10 @@ class BackendUnavailable(RuntimeError):  # noqa: N818 - the name is the interfac
 
 class EngineInputError(FieldError):
     """Bad search input; ``field`` names it (``queries``, ``block_weights``, ``k``, ...)."""
+
+
+class SparseUnsupportedError(EngineInputError):
+    """A sparse search on a backend without ``capabilities.sparse``; ``field`` is ``sparse``."""
 
 
 def default_threads() -> int:
@@ -128,8 +144,14 @@ class Backend(ABC):
         precision: str = "float32",
         threads: int | None = None,
         chunk_rows: int | None = None,
+        sparse_blocks: Mapping[str, SparseLexical] | None = None,
     ) -> None:
         self._require()
+        if sparse_blocks and not self.capabilities.sparse:
+            raise BackendUnavailable(
+                f"{self.name}: cannot score sparse blocks ({list(sparse_blocks)}); "
+                "backends that can: those whose capabilities declare sparse"
+            )
         check_precision(precision)
         if precision not in self.precisions:
             raise BackendUnavailable(
@@ -156,6 +178,8 @@ class Backend(ABC):
             )
         self.master = corpus
         self.layout = layout
+        #: the sparse blocks held (name -> block in ``.blocks``) and their posting lists; ``None``: none
+        self.sparse_blocks = self._check_sparse_blocks(sparse_blocks or {}, corpus.shape[0])
         self._precision = precision
         self.threads = threads or default_threads()
         self.chunk_rows = chunk_rows
@@ -184,15 +208,19 @@ class Backend(ABC):
         """Build the scan structures from the validated corpus; the master stays as given."""
 
     @abstractmethod
-    def _scan(self, scaled: Array, c: int) -> tuple[Array, Array]:
+    def _scan(self, scaled: Array, c: int, sparse: SparseScan | None = None) -> tuple[Array, Array]:
         """Top ``c`` rows per query by scan score: ``(rows int64, scores float32)``, ``(nq, m)``.
 
         ``scaled``: ``(nq, D)`` float32 block-scaled queries (arrays of :attr:`xp`). Sorted by
         score desc; entries tied with the ``c``-th may be included (``m > c``); padding is row
         ``-1``, score ``-inf``, and fewer than ``c`` rows come back only when fewer are there.
+        ``sparse``: the sparse blocks' scan scores, added to the dense ones before selecting
+        (given only to a backend with ``capabilities.sparse``).
         """
 
-    def _scan_masked(self, scaled: Array, c: int, allowed: Array) -> tuple[Array, Array]:
+    def _scan_masked(
+        self, scaled: Array, c: int, allowed: Array, sparse: SparseScan | None = None
+    ) -> tuple[Array, Array]:
         """:meth:`_scan` among the rows of ``allowed`` (a mask on :attr:`xp`; other rows are not
         returned), for a backend whose scan masks (:attr:`scan_masks`)."""
         raise NotImplementedError(f"{self.name}: the scan takes no mask")
@@ -254,7 +282,12 @@ class Backend(ABC):
 
     # --- the search: one refine loop ------------------------------------------------------
     def search(
-        self, queries: np.ndarray, block_weights: np.ndarray, k: int, allowed: Any = None
+        self,
+        queries: np.ndarray,
+        block_weights: np.ndarray,
+        k: int,
+        allowed: Any = None,
+        sparse: Mapping[str, SparseQuery] | None = None,
     ) -> SearchResult:
         """Exact weighted top ``k`` of a batch.
 
@@ -265,20 +298,27 @@ class Backend(ABC):
         ``capabilities.native_filters`` also takes the compiled filter itself): then the exact
         top ``k`` among those rows, ``min(k, allowed.sum())`` hits per query. Where the number
         of allowed rows is not known here (a store), shorter lists are padded with row ``-1``.
+        ``sparse``: name -> :class:`SparseQuery` ``(vectors (nq, V), weight () or (nq,))`` of
+        sparse blocks the backend holds (``sparse_blocks``): the score is then
+        ``sum_k w_k cos_k + sum_s w_s <q_s, d_s>``, still exact, and ``subspace_scores`` has a
+        column per named block after the dense ones. A backend without ``capabilities.sparse``
+        raises :class:`SparseUnsupportedError`.
 
         On the array module: the host sends the queries and weights once and receives the
         results once per round (with a ``(nq,)`` flag saying which queries the bound accepts;
         the others are rescanned with ``4c``, rarely).
         """
         q, w, k = self._validate(queries, block_weights, k)
+        terms = self._validate_sparse(sparse, q.shape[0])
         flt = self._filter(allowed)
-        nq, nk = q.shape[0], len(self.layout)
+        nq = q.shape[0]
+        nk = len(self.layout) + (0 if terms is None else len(terms.names))
         kk = k if flt.n_allowed is None else min(k, flt.n_allowed)
         if kk == 0:
             none = np.empty((nq, 0))
             sub0 = np.empty((nq, 0, nk), np.float32)
             return SearchResult(none.astype(np.float32), none.astype(np.int64), sub0)
-        batch = self._batch(q, w, kk)
+        batch = self._batch(q, w, kk, terms)
         out_rows = np.full((nq, kk), -1, np.int64)
         out_scores = np.full((nq, kk), -np.inf, np.float32)
         out_sub = np.zeros((nq, kk, nk), np.float32)
@@ -292,7 +332,7 @@ class Backend(ABC):
                 cand = self._candidates(part, c, flt)
             rows, done = self._complete(part, cand)
             r, s = self._rerank(part, rows, cand.source)
-            sub = self._subspace(part.queries, r, cand.source)
+            sub = self._subspace(part, r, cand.source)
             # the one transfer back: results, and which queries the bound accepts
             done_h = np.ones(len(pending), bool) if done is None else self._to_host(done)
             rh, sh, subh = self._to_host(r), self._to_host(s), self._to_host(sub)
@@ -308,19 +348,36 @@ class Backend(ABC):
             out_rows, out_scores, out_sub = out_rows[:, :width], out_scores[:, :width], out_sub[:, :width]
         return SearchResult(out_scores, out_rows, out_sub)
 
-    def _batch(self, q: np.ndarray, w: np.ndarray, k: int) -> Batch:
+    def _batch(self, q: np.ndarray, w: np.ndarray, k: int, sparse: SparseBatch | None = None) -> Batch:
         """The block-scaled queries where the loop runs (the one upload of queries and weights)."""
         qd = self._to_device(q)
         wd = self._to_device(np.ascontiguousarray(w, dtype=np.float64))
         return refine.scale(
-            self.xp, qd, wd, block_of=self._block_of, indicator=self._ind64, max_norm=self._maxnorm, k=k
+            self.xp,
+            qd,
+            wd,
+            block_of=self._block_of,
+            indicator=self._ind64,
+            max_norm=self._maxnorm,
+            k=k,
+            sparse=sparse,
         )
 
     def _eps(self, batch: Batch) -> Array:
-        """Bound on ``|s' - s|`` per query, in the units of the scan (``Batch.factor``)."""
+        """Bound on ``|s' - s|`` per query, in the units of the scan (``Batch.factor``); the
+        sparse term's rounding depends on the query's terms, so it is added per query."""
         m = batch.scan.shape[0]
         eps = self._scan_rel_error(m) * batch.bound * batch.factor
+        if batch.sparse is not None:
+            eps = eps + self.xp.asarray(batch.sparse.scan_error(self._to_host(batch.bound))) * batch.factor
         return eps + self._lowp_abs if self._lowp_products(m) else eps
+
+    def _sparse_scan(self, batch: Batch) -> SparseScan | None:
+        """The float32 scan scores of the batch's sparse terms (``None``: it has none)."""
+        if batch.sparse is None:
+            return None
+        assert self.sparse_blocks is not None
+        return self.sparse_blocks.scan(batch.sparse, self._to_host(batch.factor))
 
     def _complete(self, batch: Batch, cand: Candidates) -> tuple[Array, Array]:
         """Steps 2 and 3's first half: the candidates worth re-ranking, and per query whether
@@ -343,52 +400,61 @@ class Backend(ABC):
         and a broad one asks the backend's scan for ``c * N / n_allowed`` candidates and keeps
         the allowed ones: a row outside those scores at most the wide scan's bound.
         """
+        sparse = self._sparse_scan(batch)
         if flt.mask is None or self.scan_masks:
             if flt.mask is None:
-                rows, scores = self._scan(batch.scan, c)
+                rows, scores = self._scan(batch.scan, c, sparse)
             else:
-                rows, scores = self._scan_masked(batch.scan, c, flt.arg)
+                rows, scores = self._scan_masked(batch.scan, c, flt.arg, sparse)
             return Candidates(rows, scores, refine.scan_bound(self.xp, rows, scores, c))
         assert flt.rows is not None
         assert flt.n_allowed is not None
         n = self.num_docs
         if 4 * flt.n_allowed <= n:
-            rows, scores = self._scan_rows(batch.scan, flt.rows, c)
+            rows, scores = self._scan_rows(batch.scan, flt.rows, c, sparse)
             return Candidates(rows, scores, refine.scan_bound(np, rows, scores, c))
         wide = -(-c * n // flt.n_allowed)
         if wide >= n:
             return self._every(flt, batch.scan.shape[0])
-        full, scan = self._scan(batch.scan, wide)
+        full, scan = self._scan(batch.scan, wide, sparse)
         rows, scores = refine.keep_allowed(full, scan, flt.mask, batch.k)
         return Candidates(rows, scores, refine.scan_bound(np, full, scan, wide))
 
-    def _scan_rows(self, scaled: np.ndarray, idx: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan_rows(
+        self, scaled: np.ndarray, idx: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """:meth:`_scan` restricted to rows ``idx`` (ascending), read from the master in float32."""
         sel = TopCandidates(scaled.shape[0], c)
         step = max(256, self.rerank_elements // max(1, self.dim))
         for s in range(0, idx.size, step):
             block = np.asarray(self.master[idx[s : s + step]], dtype=np.float32)
-            sel.add(np.ascontiguousarray(scaled @ block.T), s)
+            scores = np.ascontiguousarray(scaled @ block.T)
+            sel.add(scores if sparse is None else sparse.add_rows(scores, idx[s : s + step]), s)
         pos, scores = sel.result()
         return np.where(pos >= 0, idx[np.maximum(pos, 0)], -1), scores
 
     def _exact_scores(self, batch: Batch, rows: Array, source: Any) -> Array:
         """Float64 scores of candidate ``rows`` ``(m, M)`` (``-1``: ``-inf``), vectors read from
-        ``source`` (the master). The dense block-scaled product; an extra exact term (a sparse
-        block's weighted dot, :mod:`subspace.engine.refine`) is added here."""
+        ``source`` (the master). The dense block-scaled product plus the sparse blocks' float64
+        weighted dots (:mod:`subspace.engine.sparse_terms`)."""
         xp = self.xp
-        return refine.exact_scores(
+        dense = refine.exact_scores(
             xp, lambda i: source[i].astype(xp.float64), batch.scaled64, rows, self.rerank_elements
         )
+        if batch.sparse is None:
+            return dense
+        assert self.sparse_blocks is not None
+        return dense + self.xp.asarray(self.sparse_blocks.exact(batch.sparse, self._to_host(rows)))
 
     def _rerank(self, batch: Batch, rows: Array, source: Any = None) -> tuple[Array, Array]:
         """Exact top ``k`` of candidate ``rows``: ``(rows, scores float32)`` ``(m, k)``."""
         src = self._master_dev if source is None else source
         return refine.rank(self.xp, self._exact_scores(batch, rows, src), rows, batch.k, self._stable_argsort)
 
-    def _subspace(self, queries: Array, rows: Array, source: Any = None) -> Array:
-        """Per-block cosines ``(m, k, K)`` float32 of the hits (``0`` for padding), in query blocks."""
-        xp = self.xp
+    def _subspace(self, batch: Batch, rows: Array, source: Any = None) -> Array:
+        """Per-block scores ``(m, k, K + S)`` float32 of the hits (``0`` for padding): the dense
+        cosines, then the sparse blocks' dots."""
+        xp, queries = self.xp, batch.queries
         src = self._master_dev if source is None else source
         m, k = rows.shape
         step = max(1, self.rerank_elements // (max(1, k) * self.dim))
@@ -397,6 +463,10 @@ class Backend(ABC):
             for q0 in range(0, m, step)
         ]
         out = parts[0] if len(parts) == 1 else xp.concatenate(parts, axis=0)
+        if batch.sparse is not None:
+            assert self.sparse_blocks is not None
+            raw = self.sparse_blocks.raw(batch.sparse, self._to_host(rows))
+            out = xp.concatenate([out, xp.asarray(raw)], axis=2)
         return xp.where((rows >= 0)[..., None], out, 0.0).astype(xp.float32)
 
     # --- filtered search (an allowed-rows mask) ---------------------------------------------
@@ -466,6 +536,54 @@ class Backend(ABC):
         if not np.isfinite(w).all() or (w < 0).any():
             raise EngineInputError("block_weights must be finite and >= 0", "block_weights")
         return q, np.broadcast_to(w, (q.shape[0], K)), int(k)
+
+    def _check_sparse_blocks(self, blocks: Mapping[str, SparseLexical], n: int) -> SparseBlocks | None:
+        """The ``sparse_blocks`` argument, checked (one row per corpus row, finite), as the loop holds it."""
+        for name, block in blocks.items():
+            where = f"sparse_blocks.{name}"
+            if not isinstance(block, SparseLexical):
+                raise EngineInputError(f"{where} must be a SparseLexical, got {type(block).__name__}", where)
+            if block.n_docs != n:
+                raise EngineInputError(f"{where} has {block.n_docs} documents, the corpus {n}", where)
+            if not np.isfinite(block.docs.data).all():
+                raise EngineInputError(f"{where} contains NaN or infinite values", where)
+        return SparseBlocks(blocks) if blocks else None
+
+    def _validate_sparse(self, sparse: Mapping[str, Any] | None, nq: int) -> SparseBatch | None:
+        """A search's ``sparse`` argument, checked against the blocks held (``None``: none)."""
+        if not sparse:
+            return None
+        if not self.capabilities.sparse:
+            raise SparseUnsupportedError(
+                f"{self.name}: this backend scores no sparse block (capabilities.sparse is false)", "sparse"
+            )
+        held = {} if self.sparse_blocks is None else self.sparse_blocks.blocks
+        parts = {}
+        for name, part in sparse.items():
+            where = f"sparse.{name}"
+            if name not in held:
+                raise EngineInputError(f"unknown sparse block {name!r}; the engine holds {list(held)}", where)
+            try:
+                vectors, weight = part
+            except (TypeError, ValueError):
+                raise EngineInputError(f"{where} must be a (vectors, weight) pair", where) from None
+            n_vocab = len(held[name].vocab)
+            if not sp.issparse(vectors) or vectors.shape != (nq, n_vocab):
+                raise EngineInputError(
+                    f"{where}.vectors must be a scipy sparse matrix of shape ({nq}, {n_vocab}), "
+                    f"got {type(vectors).__name__} {getattr(vectors, 'shape', None)}",
+                    f"{where}.vectors",
+                )
+            q = sp.csr_matrix(vectors, dtype=np.float64)  # term order kept: sums as SparseLexical.scores
+            if not np.isfinite(q.data).all():
+                raise EngineInputError(f"{where}.vectors contain NaN or infinite values", f"{where}.vectors")
+            w = np.asarray(weight, dtype=np.float64)
+            if w.shape not in ((), (nq,)) or not np.isfinite(w).all() or (w < 0).any():
+                raise EngineInputError(
+                    f"{where}.weight must be a finite number >= 0, or ({nq},) of them", f"{where}.weight"
+                )
+            parts[name] = (q, np.array(np.broadcast_to(w, (nq,))))
+        return self.sparse_blocks.batch(parts) if self.sparse_blocks is not None else None
 
 
 def check_precision(precision: str) -> None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from subspace.engine._select import TopCandidates
 from subspace.engine.base import Backend, BackendUnavailable
+from subspace.engine.sparse_terms import SparseScan
 
 _WORKING_SET = 1 << 20  # score-buffer floats per worker (4 MiB, cache-sized) when chunk_rows is not given
 _MAX_GROUP = 512  # queries scanned together; larger batches are split
@@ -78,10 +79,19 @@ class ChunkedBackend(Backend):
         bounds = np.linspace(0, n, workers + 1).astype(np.int64)
         return [(int(a), int(b)) for a, b in itertools.pairwise(bounds) if b > a]
 
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan(
+        self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         lowp = self._lowp_products(len(scaled))
+        whole = len(scaled) <= _MAX_GROUP
         parts = [
-            self._scan_group(scaled[i : i + _MAX_GROUP], c, lowp) for i in range(0, len(scaled), _MAX_GROUP)
+            self._scan_group(
+                scaled[i : i + _MAX_GROUP],
+                c,
+                lowp,
+                sparse if sparse is None or whole else sparse.queries(slice(i, i + _MAX_GROUP)),
+            )
+            for i in range(0, len(scaled), _MAX_GROUP)
         ]
         if len(parts) == 1:
             return parts[0]
@@ -94,7 +104,9 @@ class ChunkedBackend(Backend):
         )
         return rows, scores
 
-    def _scan_group(self, scaled: np.ndarray, c: int, lowp: bool) -> tuple[np.ndarray, np.ndarray]:
+    def _scan_group(
+        self, scaled: np.ndarray, c: int, lowp: bool, sparse: SparseScan | None
+    ) -> tuple[np.ndarray, np.ndarray]:
         nq = scaled.shape[0]
         # every worker gets rows, even when the corpus is smaller than threads * chunk
         chunk = min(self._chunk_for(nq), max(256, -(-self.num_docs // self.threads)))
@@ -105,7 +117,8 @@ class ChunkedBackend(Backend):
             buf = np.empty(nq * min(chunk, span[1] - span[0]), np.float32)
             for start, stop in _chunks(span, chunk):
                 out = buf[: nq * (stop - start)].reshape(nq, stop - start)
-                sel.add(self._chunk_scores(prepared, start, stop, out), start)
+                scores = self._chunk_scores(prepared, start, stop, out)
+                sel.add(scores if sparse is None else sparse.add(scores, start, stop), start)
             return sel
 
         ranges = self._ranges(chunk)

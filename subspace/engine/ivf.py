@@ -45,6 +45,7 @@ from subspace.engine.base import Backend, Capabilities, EngineInputError
 from subspace.engine.ivf_index import IvfIndex, IvfIndexError, IvfParams, build_index
 from subspace.engine.numpy_backend import blas_limiter
 from subspace.engine.refine import Batch, Candidates, Filter, stack_rows
+from subspace.engine.sparse_terms import SparseScan
 from subspace.layout import SubspaceLayout
 
 _U32 = 2.0**-24
@@ -158,7 +159,9 @@ class IvfBackend(Backend):
         rows, _ = stack_rows(*self._probe(batch.scaled64, batch.k, flt.mask), width=batch.k)
         return Candidates(rows)
 
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan(
+        self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         """The probing alone: top ``c`` by scan score among the rows the probing scanned."""
         return stack_rows(*self._probe(np.asarray(scaled, np.float64), min(c, self.num_docs)))
 

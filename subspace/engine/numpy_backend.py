@@ -37,7 +37,7 @@ def blas_limiter(threads: int) -> AbstractContextManager[Any]:
 class NumpyBackend(ChunkedBackend):
     name: ClassVar[str] = "numpy"
     precisions: ClassVar[tuple[str, ...]] = ("float32", "float16")
-    capabilities: ClassVar[Capabilities] = Capabilities()  # exact, the bundle's rows, read-only
+    capabilities: ClassVar[Capabilities] = Capabilities(sparse=True)  # exact, the bundle's rows, read-only
     # batches in this range copy each float32 chunk into a per-worker buffer before the product:
     # OpenBLAS then packs it from cache instead of from DRAM (bench/knn.py: less time from 2 to 64
     # queries; at 256 the chunk is 4x larger, outgrows the cache, and the copy costs more than it saves)

@@ -16,14 +16,18 @@ scan), so a device backend keeps the corpus, the work and the candidates on the 
 4. :func:`exact_scores` and :func:`rank`: candidates re-scored in float64 from the master (or
    from vectors fetched with them, :class:`RowTable`), ordered by (score desc, row asc).
 
-**An extra exact term** (a sparse lexical block scored beside the dense blocks, its weight
-one more ``w_k``) plugs in without changing the loop: its weighted query part becomes one more
-field of :class:`Batch` (built in :func:`scale`, the one place queries are scaled; ``take``
-carries it to rescans); ``Backend._exact_scores`` adds its float64 dot to the dense one (the one
-place candidates are scored exactly); the scans add its float32 term to the dense product
-(``Backend._scan_rows`` for selective masks and each backend's ``_scan``, e.g.
-``ChunkedBackend._chunk_scores``), its roundoff goes into ``Backend._scan_rel_error`` and its
-largest norm into ``Batch.bound``, so :func:`complete` and :func:`prune` stay valid as they are.
+**Sparse blocks** (:mod:`subspace.engine.sparse_terms`: a BM25 block ``w_s <q_s, d_s>``, its
+weight one more ``w_k``) are one more exact term without a change to the loop: their queries
+and weights are :attr:`Batch.sparse` (checked by the backend, stored by :func:`scale`, the one
+place queries are scaled, carried to rescans by ``take``); their reach
+``sum_s w_s sum_t |q_t| max|d_t|`` is part of :attr:`Batch.bound` and of the scan factor; a
+scan adds their float32 scores to its dense ones
+(:class:`~subspace.engine.sparse_terms.SparseScan`, given to ``_scan``, ``_scan_masked`` and
+``_scan_rows`` as ``sparse``), whose per-query rounding ``Backend._eps`` adds to ``eps``, so
+:func:`complete` and :func:`prune` stay valid as they are; ``Backend._exact_scores`` adds their
+float64 weighted dot to the dense one. A row whose dense score is 0 still enters through its
+sparse score: the scan ranks the sum. A backend whose scan cannot add them declares
+``Capabilities(sparse=False)`` and refuses a sparse search.
 """
 
 from __future__ import annotations
@@ -33,6 +37,8 @@ from types import ModuleType
 from typing import Any, NamedTuple
 
 import numpy as np
+
+from subspace.engine.sparse_terms import SparseBatch
 
 Array = Any  # an array of the search's module (numpy.ndarray, cupy.ndarray)
 _NO_ROW = np.iinfo(np.int64).max  # sort key of padding: after every row
@@ -47,10 +53,18 @@ class Batch(NamedTuple):
     factor: Array  # (m,) float64 > 0: scan scores are ``factor`` times the scores
     bound: Array  # (m,) float64 ``sum_k w_k |q_k| max|d_k|``: no score exceeds it
     k: int  # hits wanted per query (``min(k, allowed rows)`` when that is known)
+    sparse: SparseBatch | None = None  # the sparse blocks' queries and weights (host); ``None``: none
 
     def take(self, sel: Any) -> Batch:
+        sparse = None if self.sparse is None else self.sparse.take(sel)
         return Batch(
-            self.queries[sel], self.scaled64[sel], self.scan[sel], self.factor[sel], self.bound[sel], self.k
+            self.queries[sel],
+            self.scaled64[sel],
+            self.scan[sel],
+            self.factor[sel],
+            self.bound[sel],
+            self.k,
+            sparse,
         )
 
 
@@ -97,22 +111,36 @@ class RowTable:
 
 
 def scale(
-    xp: ModuleType, q: Array, w: Array, *, block_of: Array, indicator: Array, max_norm: Array, k: int
+    xp: ModuleType,
+    q: Array,
+    w: Array,
+    *,
+    block_of: Array,
+    indicator: Array,
+    max_norm: Array,
+    k: int,
+    sparse: SparseBatch | None = None,
 ) -> Batch:
     """:class:`Batch` of queries ``q`` ``(m, D)`` float32 and weights ``w`` ``(m, K)`` float64
-    (``block_of``: each column's block; ``indicator``: ``(D, K)`` float64; ``max_norm``: ``(K,)``).
+    (``block_of``: each column's block; ``indicator``: ``(D, K)`` float64; ``max_norm``: ``(K,)``),
+    and of the sparse blocks' queries ``sparse``.
 
-    The scan's queries are divided per row by ``max_k w_k |q_k|``: a positive factor changes no
-    ranking and keeps every scaled value within ``[-1, 1]``, so a float16 query neither
-    overflows nor flushes its largest block to zero.
+    The scan's queries are divided per row by ``max_k w_k |q_k|`` (and the sparse blocks'
+    ``w_s reach_s``): a positive factor changes no ranking and keeps every scaled value within
+    ``[-1, 1]``, so a float16 query neither overflows nor flushes its largest block to zero.
     """
     q64 = q.astype(xp.float64)
     scaled64 = q64 * w[:, block_of]
     bnorm = w * xp.sqrt((q64 * q64) @ indicator)  # (m, K): w_k |q_k|
     top = bnorm.max(axis=1)
+    bound = bnorm @ max_norm
+    if sparse is not None:
+        reach = xp.asarray(sparse.weights * sparse.reach)  # (m, S): w_s sum_t |q_t| max|d_t|
+        top = xp.maximum(top, reach.max(axis=1))
+        bound = bound + reach.sum(axis=1)
     factor = 1.0 / xp.where(top > 0, top, 1.0)
     scan = (scaled64 * factor[:, None]).astype(xp.float32)
-    return Batch(q, scaled64, scan, factor, bnorm @ max_norm, k)
+    return Batch(q, scaled64, scan, factor, bound, k, sparse)
 
 
 def scan_bound(xp: ModuleType, rows: Array, scores: Array, c: int) -> Array:

@@ -11,11 +11,14 @@ from typing import Any, ClassVar
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
-from subspace.engine.base import Backend
+from subspace.engine.base import Backend, Capabilities
 from subspace.engine.refine import Batch, Candidates, Filter, RowTable, scan_bound, stack_rows
+from subspace.engine.sparse_terms import SparseQuery, SparseScan
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks, reference_scores
+from subspace.sparse import SparseLexical
 
 LAYOUT = SubspaceLayout.from_dims({"a": 6, "b": 10, "c": 3})
 
@@ -24,11 +27,16 @@ class ScanOnly(Backend):
     """A full product and a sort: the least a backend can supply."""
 
     name: ClassVar[str] = "scan-only"
+    capabilities: ClassVar[Capabilities] = Capabilities(sparse=True)
     scans: ClassVar[list[int]] = []
 
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan(
+        self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         ScanOnly.scans.append(c)
         scores = scaled @ np.asarray(self.master, np.float32).T
+        if sparse is not None:
+            sparse.add(scores, 0, self.num_docs)
         rows = np.argsort(-scores, axis=1, kind="stable")[:, :c]
         return rows, np.take_along_axis(scores, rows, 1).astype(np.float32)
 
@@ -42,8 +50,12 @@ class Float16Scan(ScanOnly):
     def _lowp_products(self, nq: int) -> bool:
         return True
 
-    def _scan(self, scaled: np.ndarray, c: int) -> tuple[np.ndarray, np.ndarray]:
+    def _scan(
+        self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
         scores = (scaled.astype(np.float16) @ self.master.astype(np.float16).T).astype(np.float32)
+        if sparse is not None:
+            sparse.add(scores, 0, self.num_docs)
         rows = np.argsort(-scores, axis=1, kind="stable")[:, :c]
         return rows, np.take_along_axis(scores, rows, 1)
 
@@ -102,7 +114,9 @@ def test_a_backend_that_only_scans_is_exact(cls: type[Backend], mask: str) -> No
 def test_near_ties_in_a_float16_scan_are_completed_by_rescans() -> None:
     rng = np.random.default_rng(6)
     base = corpus(4, 7)
-    docs = normalize_blocks(np.repeat(base, 200, axis=0) + 1e-3 * rng.standard_normal((800, LAYOUT.dim)), LAYOUT)
+    docs = normalize_blocks(
+        np.repeat(base, 200, axis=0) + 1e-3 * rng.standard_normal((800, LAYOUT.dim)), LAYOUT
+    )
     docs = docs.astype(np.float32)
     queries = normalize_blocks(base + 1e-3, LAYOUT).astype(np.float32)
     w = np.ones(3)
@@ -141,3 +155,35 @@ def test_the_bound_of_a_scan() -> None:
     r, s = stack_rows([np.array([7, 8]), np.array([9])], [np.array([0.1, 0.2]), np.array([0.3])], width=3)
     np.testing.assert_array_equal(r, [[8, 7, -1], [9, -1, -1]])  # sorted by score, padded
     assert s[0, 2] == -np.inf
+
+
+def random_block(n: int, vocab: int, seed: int) -> SparseLexical:
+    """A sparse block of random nonnegative term weights (what BM25 stores), ~8 terms a row."""
+    docs = sp.random(n, vocab, density=8 / vocab, format="csr", dtype=np.float32, random_state=seed)
+    idf = np.ones(vocab, np.float32)
+    return SparseLexical(docs, tuple(f"t{i}" for i in range(vocab)), idf)
+
+
+@pytest.mark.parametrize("cls", [ScanOnly, Float16Scan])
+@pytest.mark.parametrize("mask", list(MASKS))
+def test_a_backend_that_only_scans_adds_a_sparse_block_exactly(cls: type[Backend], mask: str) -> None:
+    """The loop's bound holds with the sparse term in the scan (float16 dense products too)."""
+    docs, queries = corpus(800, 3), corpus(6, 4)
+    block = random_block(800, 50, 5)
+    q_sparse = sp.random(6, 50, density=0.1, format="csr", random_state=6)
+    w = np.random.default_rng(7).uniform(0, 2, (6, 3))
+    w[0] = 0.0  # all on the sparse block
+    ws = np.array([1.0, 0.0, 0.5, 2.0, 1.0, 0.3])
+    engine = cls(
+        docs, LAYOUT, precision="float16" if cls is Float16Scan else "float32", sparse_blocks={"s": block}
+    )
+    allowed = MASKS[mask]
+    total = reference_scores(queries, docs, w, LAYOUT) + ws[:, None] * block.scores(q_sparse)
+    if allowed is not None:
+        total = np.where(allowed[None, :], total, -np.inf)
+    for k in (1, 10, 800):
+        res = engine.search(queries, w, k, allowed=allowed, sparse={"s": SparseQuery(q_sparse, ws)})
+        kk = k if allowed is None else min(k, int(allowed.sum()))
+        rows = np.argsort(-total, axis=1, kind="stable")[:, :kk]
+        np.testing.assert_array_equal(res.rows, rows, err_msg=f"{mask} k={k}")
+        np.testing.assert_allclose(res.scores, np.take_along_axis(total, rows, 1), rtol=0, atol=1e-6)
