@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test test-fast lint demo bench clean
 
 # Re-installs only when requirements.txt or pyproject.toml changed since the last install.
 $(STAMP): requirements.txt pyproject.toml
@@ -17,8 +17,15 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 # pytest exits 5 when it collected no test; make treats any non-zero exit as failure.
+# `make test` runs every test; `make test-fast` only the unit tier: no test marked live (a real
+# server or process on loopback), browser (headless chromium), slow (training, big fixtures) or gpu.
+FAST := not live and not browser and not slow and not gpu
+
 test: setup
 	$(PY) -m pytest
+
+test-fast: setup
+	$(PY) -m pytest -m "$(FAST)"
 
 lint: setup
 	$(PY) -m ruff check .

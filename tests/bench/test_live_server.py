@@ -11,6 +11,7 @@ import pytest
 from bench.live_server import child_env, free_port, spawn
 
 
+@pytest.mark.live
 def test_a_process_that_exits_is_reported_with_its_exit_code_and_log(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "print('listening? no: bad config'); raise SystemExit(3)"]
     proc = spawn("dying", cmd, tmp_path / "logs" / "dying.log", f"http://127.0.0.1:{free_port()}")
@@ -19,6 +20,7 @@ def test_a_process_that_exits_is_reported_with_its_exit_code_and_log(tmp_path: P
     assert proc.log().strip() == "listening? no: bad config"
 
 
+@pytest.mark.live
 def test_a_process_never_ready_times_out_and_stop_ends_it(tmp_path: Path) -> None:
     cmd = [sys.executable, "-c", "import time; print('still starting', flush=True); time.sleep(60)"]
     with spawn("slow", cmd, tmp_path / "slow.log", "http://127.0.0.1:1") as proc:

@@ -23,10 +23,12 @@ WAIT = 20.0  # socket timeout: far above the 1 s limits under test, so only a mi
 
 
 @pytest.fixture(scope="module")
-def limited(tmp_path_factory: pytest.TempPathFactory, server_factory: Callable[..., LiveServer]) -> LiveServer:
+def limited(
+    tmp_path_factory: pytest.TempPathFactory, module_server_factory: Callable[..., LiveServer]
+) -> LiveServer:
     emb = normalize_blocks(np.random.default_rng(0).standard_normal((200, 32)).astype(np.float32), LAYOUT)
     bundle = write_bundle(tmp_path_factory.mktemp("http") / "b", LAYOUT, emb, [f"d{i}" for i in range(200)])
-    return server_factory(
+    return module_server_factory(
         bundle,
         max_body_bytes=65536,
         max_header_bytes=8192,

@@ -88,6 +88,7 @@ def _expected(bundle: Path, q: np.ndarray, weights: np.ndarray, mask: np.ndarray
     return [b.ids[i] for i in order]
 
 
+@pytest.mark.live  # esp serve on Milvus Lite, started here
 def test_milvus_server_filters_writes_and_persists(
     milvus_bundle: Path,
     tmp_path: Path,
