@@ -48,6 +48,17 @@ def pytest_itemcollected(item: pytest.Item) -> None:
             item.add_marker(marker)
 
 
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``), the files holding a ``slow`` test first, each file's tests
+    kept together and in order: xdist hands whole files out in this order (``--dist loadscope
+    --no-loadscope-reorder``), so the long ones start at once instead of leaving one worker alone
+    at the end. A run without xdist keeps the collection order."""
+    if not hasattr(config, "workerinput"):
+        return
+    heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: files stay whole and in order
+
+
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
     """Around a test without the ``live`` marker (its fixtures' set-up included), starting a

@@ -101,9 +101,29 @@ SHARED_SERVERS = ("served", "vectors_served")
 _LAST_USERS = pytest.StashKey[dict[str, list[str]]]()
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller tells each worker how it hands out tests (a worker's own
+    ``--dist`` reads ``no``)."""
+    node.workerinput["dist"] = node.config.getoption("dist")
+
+
+def _runs_in_collection_order(config: pytest.Config) -> bool:
+    """Whether this process runs its tests in collection order: without pytest-xdist, or under
+    ``--dist load`` or ``loadscope``/``loadfile`` without reordering (``make test``): its
+    workers get their tests in that order. Other modes keep the shared servers to the end."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return True
+    dist = workerinput.get("dist")
+    return dist == "load" or (dist in ("loadscope", "loadfile") and not config.getoption("loadscopereorder", True))
+
+
 @pytest.hookimpl(trylast=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Note, per test, the shared servers it is the last user of (in the order the tests run)."""
+    if not _runs_in_collection_order(config):
+        return
     last: dict[str, str] = {}
     for item in items:
         for name in SHARED_SERVERS:
@@ -121,9 +141,10 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
     A fixture must name a shared server among its arguments, not ask for it with
     ``request.getfixturevalue``: this hook sees only what the signatures say.
 
-    Under pytest-xdist every worker sees the whole collection in the same order and runs its
-    share in that order, so no later test of any worker uses a server stopped here; a worker
-    that does not run the last user stops its copy at the end of the session."""
+    Under pytest-xdist every worker sees the whole collection in the same order and (see
+    :func:`_runs_in_collection_order`) runs its share in that order, so no later test of any
+    worker uses a server stopped here; a worker that does not run the last user stops its copy
+    at the end of the session."""
     try:
         yield
     finally:

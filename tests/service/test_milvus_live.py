@@ -89,6 +89,7 @@ def _expected(bundle: Path, q: np.ndarray, weights: np.ndarray, mask: np.ndarray
 
 
 @pytest.mark.live  # esp serve on Milvus Lite, started here
+@pytest.mark.slow
 def test_milvus_server_filters_writes_and_persists(
     milvus_bundle: Path,
     tmp_path: Path,
