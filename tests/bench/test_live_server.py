@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.live_server import child_env, free_port, spawn
+from bench.live_server import REFUSE_ENV, child_env, free_port, spawn
 
 
 @pytest.mark.live
@@ -37,3 +37,18 @@ def test_child_env_drops_inherited_esp_settings(monkeypatch: pytest.MonkeyPatch)
     env = child_env({"ESP_THREADS": "1"})
     assert "ESP_BACKEND" not in env and env["ESP_THREADS"] == "1"
     assert env["PYTHONPATH"].endswith("elsewhere") and env["PYTHONPATH"] != "elsewhere"
+
+
+def test_spawn_refuses_while_the_suite_says_no_live_test_runs(tmp_path: Path) -> None:
+    # this test has no ``live`` marker: tests/conftest.py has set REFUSE_ENV around it
+    cmd = [sys.executable, "-c", "raise SystemExit(0)"]
+    with pytest.raises(RuntimeError, match=r"not started: .*test_spawn_refuses.* lacks the 'live' marker"):
+        spawn("refused", cmd, tmp_path / "refused.log", "http://127.0.0.1:1")
+    assert not (tmp_path / "refused.log").exists()
+
+
+@pytest.mark.live
+def test_a_live_test_may_spawn() -> None:
+    import os
+
+    assert REFUSE_ENV not in os.environ
