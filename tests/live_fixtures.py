@@ -49,8 +49,9 @@ REGISTRY_DOC: dict[str, Any] = {
 }
 
 
-#: What every test server runs with unless a test says otherwise (exact and one thread: stable).
-SERVER_DEFAULTS: dict[str, Any] = {"backend": "numpy", "threads": 1}
+#: What every test server runs with unless a test says otherwise (exact and one thread: stable;
+#: a latency budget no test machine misses, so a busy one does not shed a search with a 429).
+SERVER_DEFAULTS: dict[str, Any] = {"backend": "numpy", "threads": 1, "latency_budget_ms": 600_000}
 
 
 def _factory(tmp_path_factory: pytest.TempPathFactory, started: list[LiveServer]) -> Callable[..., LiveServer]:
