@@ -59,8 +59,9 @@ def _factory(tmp_path_factory: pytest.TempPathFactory, started: list[LiveServer]
         bundle: Path, *, token: str | None = None, registry: Path | None = None, **settings: Any
     ) -> LiveServer:
         log_path = tmp_path_factory.mktemp("server") / "server.log"
-        server = start_server(
-            bundle, log_path, settings={**SERVER_DEFAULTS, **settings}, token=token, registry=registry
+        server = start_server(  # generous readiness: a busy 2-core machine loads an encoder slowly
+            bundle, log_path, settings={**SERVER_DEFAULTS, **settings}, token=token, registry=registry,
+            ready_timeout=300,
         )
         started.append(server)
         return server
