@@ -4,7 +4,7 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 STAMP  := $(VENV)/.installed-stamp
 
-.PHONY: setup test lint demo bench clean
+.PHONY: setup test test-fast lint demo bench clean
 
 # Re-installs only when requirements.txt or pyproject.toml changed since the last install.
 $(STAMP): requirements.txt pyproject.toml
@@ -17,8 +17,23 @@ $(STAMP): requirements.txt pyproject.toml
 setup: $(STAMP)
 
 # pytest exits 5 when it collected no test; make treats any non-zero exit as failure.
+# `make test` runs every test; `make test-fast` only the unit tier: no test marked live (a real
+# server or process on loopback), browser (headless chromium), slow (training, big fixtures) or gpu.
+FAST := not live and not browser and not slow and not gpu
+# The suite starts dozens of Python processes (servers, scripts, ranks) that import torch,
+# transformers and fastapi. Where PYTHONDONTWRITEBYTECODE is set (many container images set it)
+# each would compile them again, ~10 s of CPU per start: the tests keep their byte code in the
+# venv instead (outside the source tree; `make clean` removes it).
+PYCACHE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
+
+# `make test` spreads the test files over one pytest-xdist worker per core (JOBS=0: no worker, one process);
+# the files holding slow tests go out first (tests/conftest.py).
+JOBS ?= auto
 test: setup
-	$(PY) -m pytest
+	$(PYCACHE) $(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder
+
+test-fast: setup
+	$(PYCACHE) $(PY) -m pytest -m "$(FAST)"
 
 lint: setup
 	$(PY) -m ruff check .

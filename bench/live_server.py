@@ -30,6 +30,10 @@ import httpx
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 LOOPBACK = "127.0.0.1"
 LOG_TAIL = 3000
+#: While this variable is set, :func:`spawn` refuses to start anything and raises with its value.
+#: The test suite sets it around every test without the ``live`` marker (tests/conftest.py), and
+#: the processes those tests start inherit it.
+REFUSE_ENV = "LIVE_SERVER_REFUSED"
 
 
 def free_port(host: str = LOOPBACK) -> int:
@@ -122,7 +126,10 @@ def spawn(
 ) -> LiveProcess:
     """Start ``cmd`` with its output in ``log_path`` (folder created); it must serve ``url``.
     ``env``: the whole environment (default: this process's); ``cwd``: default ``log_path``'s
-    folder, so nothing it writes lands in the caller's working directory."""
+    folder, so nothing it writes lands in the caller's working directory.
+    ``RuntimeError`` while :data:`REFUSE_ENV` is set."""
+    if refused := os.environ.get(REFUSE_ENV):
+        raise RuntimeError(f"{name} not started: {refused}")
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with log_path.open("wb") as log:
         proc = subprocess.Popen(

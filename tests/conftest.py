@@ -6,19 +6,70 @@
                        informational/navigational/transactional, 60 TREC DL passages with docs.jsonl
                        text, two operating points). Treat it as read-only.
 ``tiny_bundle_factory`` call it to get a fresh, writable copy (for tests that modify or reload bundles).
+
+Markers (registered in pyproject.toml; ``make test`` runs them all, ``make test-fast`` none of
+``live``, ``browser``, ``slow``, ``gpu``): a test that uses a live-server fixture gets ``live``,
+one that uses the browser gets ``browser``, whatever its file is called (:func:`pytest_itemcollected`).
+A test that starts a server another way marks itself: without ``live``, ``bench.live_server.spawn``
+refuses to start anything, in the test's process and in those it starts. File names select
+nothing (``*_live.py`` is a habit, not a rule).
 """
 
 from __future__ import annotations
 
+import os
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from bench.live_server import REFUSE_ENV
+
 # the live-server fixtures (server_factory, served, ...) and the headless browser
 # (chromium_browser, loopback_page) for every test folder
 pytest_plugins = ["tests.live_fixtures", "tests.browser"]
+
+#: fixture -> the marker a test using it (directly or through another fixture) gets
+FIXTURE_MARKERS = {
+    "server_factory": "live",
+    "module_server_factory": "live",
+    "_shared_server_factory": "live",  # served, vectors_served
+    "chromium_browser": "browser",  # loopback_page
+}
+
+
+def pytest_itemcollected(item: pytest.Item) -> None:
+    """Mark a test from the fixtures it uses (directly or through other fixtures), before ``-m``
+    selects: the marker, not the file name, says what a test needs."""
+    used = set(getattr(item, "fixturenames", ()))
+    for fixture, marker in FIXTURE_MARKERS.items():
+        if fixture in used and item.get_closest_marker(marker) is None:
+            item.add_marker(marker)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Under pytest-xdist (``make test``), the files holding a ``slow`` test first, each file's tests
+    kept together and in order: xdist hands whole files out in this order (``--dist loadscope
+    --no-loadscope-reorder``), so the long ones start at once instead of leaving one worker alone
+    at the end. A run without xdist keeps the collection order."""
+    if not hasattr(config, "workerinput"):
+        return
+    heavy = {item.path for item in items if item.get_closest_marker("slow") is not None}
+    items.sort(key=lambda item: item.path not in heavy)  # stable: files stay whole and in order
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """Around a test without the ``live`` marker (its fixtures' set-up included), starting a
+    server through ``bench.live_server`` raises, here and in the processes the test starts."""
+    if item.get_closest_marker("live") is None:
+        os.environ[REFUSE_ENV] = f"{item.nodeid} starts a live server but lacks the 'live' marker"
+    try:
+        return (yield)
+    finally:
+        os.environ.pop(REFUSE_ENV, None)
+
 
 TINY_DIMS = {"semantic": 16, "entity": 8, "intent": 8}
 TINY_INTENT_CLASSES = ["informational", "navigational", "transactional"]

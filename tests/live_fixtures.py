@@ -2,9 +2,16 @@
 
 ``server_factory(bundle, **settings)`` launches ``python -m esp_cli serve`` on a free
 loopback port in a subprocess (:func:`bench.live_server.start_server`), waits for ``/readyz``
-and returns a :class:`LiveServer` (``url``, ``log()``, ``stop()``). ``served`` is one
-session-scoped server on a copy of the tiny bundle (encoder + docs) with an admin token and a
-registry file holding an experiment; tests that change what is served start their own.
+and returns a :class:`LiveServer` (``url``, ``log()``, ``stop()``); the servers it started stop
+when the test ends. ``module_server_factory`` is the same for module-scoped fixtures (stopped
+after the module). ``served`` is one shared server on a copy of the tiny bundle (encoder + docs)
+with an admin token and a registry file holding an experiment, ``vectors_served`` the same on its
+vectors alone; each stops once the last test that uses it has run (see
+:func:`pytest_runtest_teardown`), so no idle server keeps a core busy for the rest of the suite.
+Tests that change what is served start their own.
+
+A test that uses any of these fixtures gets the ``live`` marker (``tests/conftest.py``); one that
+starts a server another way must carry it itself, or :func:`bench.live_server.spawn` refuses.
 """
 
 from __future__ import annotations
@@ -42,28 +49,111 @@ REGISTRY_DOC: dict[str, Any] = {
 }
 
 
-#: What every test server runs with unless a test says otherwise (exact and one thread: stable).
-SERVER_DEFAULTS: dict[str, Any] = {"backend": "numpy", "threads": 1}
+#: What every test server runs with unless a test says otherwise (exact and one thread: stable;
+#: a latency budget no test machine misses, so a busy one does not shed a search with a 429).
+SERVER_DEFAULTS: dict[str, Any] = {"backend": "numpy", "threads": 1, "latency_budget_ms": 600_000}
 
 
-@pytest.fixture(scope="session")
-def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
-    """``make(bundle, token=..., registry=..., **settings)``: a started server, stopped at the end."""
-    started: list[LiveServer] = []
-
+def _factory(tmp_path_factory: pytest.TempPathFactory, started: list[LiveServer]) -> Callable[..., LiveServer]:
     def make(
         bundle: Path, *, token: str | None = None, registry: Path | None = None, **settings: Any
     ) -> LiveServer:
         log_path = tmp_path_factory.mktemp("server") / "server.log"
-        server = start_server(
-            bundle, log_path, settings={**SERVER_DEFAULTS, **settings}, token=token, registry=registry
+        server = start_server(  # generous readiness: a busy 2-core machine loads an encoder slowly
+            bundle, log_path, settings={**SERVER_DEFAULTS, **settings}, token=token, registry=registry,
+            ready_timeout=300,
         )
         started.append(server)
         return server
 
-    yield make
+    return make
+
+
+def _stop_all(started: list[LiveServer]) -> None:
     for server in started:
         server.stop()
+
+
+@pytest.fixture
+def server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """``make(bundle, token=..., registry=..., **settings)``: a started server, stopped when the test ends."""
+    started: list[LiveServer] = []
+    yield _factory(tmp_path_factory, started)
+    _stop_all(started)
+
+
+@pytest.fixture(scope="module")
+def module_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """``server_factory`` for module-scoped fixtures: its servers stop after the module's last test."""
+    started: list[LiveServer] = []
+    yield _factory(tmp_path_factory, started)
+    _stop_all(started)
+
+
+@pytest.fixture(scope="session")
+def _shared_server_factory(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Callable[..., LiveServer]]:
+    """The shared servers' factory (``served``, ``vectors_served``): whatever is still running at the end stops."""
+    started: list[LiveServer] = []
+    yield _factory(tmp_path_factory, started)
+    _stop_all(started)
+
+
+#: The session-wide servers: each is stopped after the last collected test that uses it.
+SHARED_SERVERS = ("served", "vectors_served")
+_LAST_USERS = pytest.StashKey[dict[str, list[str]]]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """pytest-xdist's controller tells each worker how it hands out tests (a worker's own
+    ``--dist`` reads ``no``)."""
+    node.workerinput["dist"] = node.config.getoption("dist")
+
+
+def _runs_in_collection_order(config: pytest.Config) -> bool:
+    """Whether this process runs its tests in collection order: without pytest-xdist, or under
+    ``--dist load`` or ``loadscope``/``loadfile`` without reordering (``make test``): its
+    workers get their tests in that order. Other modes keep the shared servers to the end."""
+    workerinput = getattr(config, "workerinput", None)
+    if workerinput is None:
+        return True
+    dist = workerinput.get("dist")
+    return dist == "load" or (dist in ("loadscope", "loadfile") and not config.getoption("loadscopereorder", True))
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Note, per test, the shared servers it is the last user of (in the order the tests run)."""
+    if not _runs_in_collection_order(config):
+        return
+    last: dict[str, str] = {}
+    for item in items:
+        for name in SHARED_SERVERS:
+            if name in getattr(item, "fixturenames", ()):
+                last[name] = item.nodeid
+    by_item: dict[str, list[str]] = {}
+    for name, nodeid in last.items():
+        by_item.setdefault(nodeid, []).append(name)
+    config.stash[_LAST_USERS] = by_item
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    """After the last user of a shared server, stop it (its fixture value stays, a stopped server).
+    A fixture must name a shared server among its arguments, not ask for it with
+    ``request.getfixturevalue``: this hook sees only what the signatures say.
+
+    Under pytest-xdist every worker sees the whole collection in the same order and (see
+    :func:`_runs_in_collection_order`) runs its share in that order, so no later test of any
+    worker uses a server stopped here; a worker that does not run the last user stops its copy
+    at the end of the session."""
+    try:
+        yield
+    finally:
+        for name in item.config.stash.get(_LAST_USERS, {}).get(item.nodeid, ()):
+            server = getattr(item, "funcargs", {}).get(name)
+            if isinstance(server, LiveServer):
+                server.stop()
 
 
 def rebundle(src: Path, out: Path, *, seed: int, corrupt: bool = False) -> Path:
@@ -106,12 +196,12 @@ def vectors_only(src: Path, out: Path, *, seed: int | None = None, corrupt: bool
 
 @pytest.fixture(scope="session")
 def vectors_served(served_bundle: Path, registry_file: Path, admin_token: str,
-                   server_factory: Callable[..., LiveServer], tmp_path_factory: pytest.TempPathFactory
+                   _shared_server_factory: Callable[..., LiveServer], tmp_path_factory: pytest.TempPathFactory
                    ) -> LiveServer:
     """Like ``served`` (registry, token, limits) on the tiny bundle's vectors without its encoder:
     for tests that need a live server but no text queries (ready in seconds, not a model load)."""
     bundle = vectors_only(served_bundle, tmp_path_factory.mktemp("vectors-served") / "bundle")
-    return server_factory(bundle, token=admin_token, registry=registry_file, max_queries=8, max_k=50,
+    return _shared_server_factory(bundle, token=admin_token, registry=registry_file, max_queries=8, max_k=50,
                           max_body_bytes=65536)
 
 
@@ -136,10 +226,11 @@ def admin_token() -> str:
 
 @pytest.fixture(scope="session")
 def served(
-    served_bundle: Path, registry_file: Path, admin_token: str, server_factory: Callable[..., LiveServer]
+    served_bundle: Path, registry_file: Path, admin_token: str,
+    _shared_server_factory: Callable[..., LiveServer],
 ) -> LiveServer:
     """The shared server: tiny bundle, numpy backend, admin token, registry with experiment 'ent'."""
-    return server_factory(
+    return _shared_server_factory(
         served_bundle,
         token=admin_token,
         registry=registry_file,

@@ -15,6 +15,8 @@ from bench import http_load
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.live  # servers of both trees
+@pytest.mark.slow
 def test_against_measures_both_trees_alternating(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--docs", "2000", "--concurrency", "4", "--modes", "batching", "--seconds", "1", "--requests", "300",
             "--engine-seconds", "0.2", "--against", str(ROOT), "--rounds", "2"]

@@ -11,6 +11,8 @@ pytest.importorskip("milvus_lite")
 
 from bench import milvus
 
+pytestmark = pytest.mark.slow  # an embedded Milvus Lite server, several indexes
+
 
 def test_milvus_bench_prints_one_json_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = [

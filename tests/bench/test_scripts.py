@@ -20,6 +20,7 @@ def test_the_benchmarks_are_found() -> None:
 
 
 @pytest.mark.parametrize("script", SCRIPTS, ids=lambda p: p.name)
+@pytest.mark.slow  # a Python process per script, most of them import torch
 def test_a_benchmark_runs_as_a_script(script: Path) -> None:
     done = subprocess.run(
         [sys.executable, str(script.relative_to(ROOT)), "--help"],

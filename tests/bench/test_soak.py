@@ -13,6 +13,7 @@ from bench.live_server import SOURCE_ROOT, child_env
 
 
 @pytest.mark.slow
+@pytest.mark.live  # bench/soak.py starts its server
 def test_quick_soak_reports_one_line_without_5xx_or_lost_requests() -> None:
     proc = subprocess.run(
         [sys.executable, str(SOURCE_ROOT / "bench" / "soak.py"), "--quick", "--peak-concurrency", "8"],

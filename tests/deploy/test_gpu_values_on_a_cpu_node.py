@@ -31,6 +31,8 @@ def _rendered(values: dict) -> tuple[dict[str, str], str]:
 
 
 @pytest.mark.skipif(cuda_unavailable_reason() is None, reason="CUDA is available: cupy starts here")
+@pytest.mark.live  # esp serve, started here
+@pytest.mark.slow
 def test_gpu_values_on_a_cpu_node_start_a_cpu_backend_and_say_why(tiny_bundle: Path, tmp_path: Path) -> None:
     env, registry_text = _rendered(scenario_values("gpu"))
     assert env["ESP_BACKEND"] == "auto" and env["ESP_PRECISION"] == "float16"

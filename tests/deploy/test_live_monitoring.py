@@ -21,6 +21,8 @@ from tests.deploy.support import (
     tool,
 )
 
+pytestmark = pytest.mark.live  # esp serve and Prometheus, started here
+
 EXPERIMENT = "ab"
 REGISTRY = {
     "version": 1,

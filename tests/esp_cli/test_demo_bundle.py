@@ -21,6 +21,8 @@ from training.heldout import engine_topk
 
 REPO = Path(__file__).resolve().parents[2]
 
+pytestmark = pytest.mark.slow  # trains the demo recipe (about a minute on 2 cores)
+
 
 @pytest.fixture(scope="module")
 def demo_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -38,6 +38,7 @@ def exported(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -> Pat
     return out
 
 
+@pytest.mark.slow  # a fresh process loads sentence-transformers
 def test_the_export_loads_offline_and_gives_the_encoders_vectors(
     exported: Path, tiny_bundle: Path, tmp_path: Path
 ) -> None:

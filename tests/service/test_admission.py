@@ -365,6 +365,7 @@ def _head_and_body(s: socket.socket) -> tuple[str, bytes]:
     return head.decode("latin-1"), rest[:length]
 
 
+@pytest.mark.slow
 def test_past_the_inflight_limit_a_search_gets_429_with_retry_after_on_a_live_server(
     tiny_bundle: Path, server_factory: Any
 ) -> None:

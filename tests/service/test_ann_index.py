@@ -85,6 +85,8 @@ def test_a_bad_index_refuses_the_bundle(tiny_bundle_factory) -> None:
         load_state(path, _ivf_settings())
 
 
+@pytest.mark.live  # two esp serve, started here
+@pytest.mark.slow
 def test_live_ivf_server_answers_like_the_exact_one(tiny_bundle_factory, tmp_path) -> None:
     path: Path = tiny_bundle_factory("b")
     add_index_to_bundle(path)

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from collections import Counter
 
+import pytest
+
 from service.registry import Registry
 from service.registry.assignment import bucket, pick, traffic_bucket
 from subspace.layout import SubspaceLayout
@@ -54,6 +56,7 @@ print(json.dumps([reg.assign("exp", f"user-{i}").name for i in range(int(sys.arg
 """
 
 
+@pytest.mark.slow  # a second Python process
 def test_assignment_is_identical_in_another_process_with_another_hash_seed() -> None:
     doc = {
         "operating_points": {"a": {"weights": {"semantic": 1.0}}, "b": {"weights": {"entity": 1.0}}},

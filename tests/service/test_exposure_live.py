@@ -28,13 +28,13 @@ def _vector(dim: int, seed: int) -> list[float]:
 
 @pytest.fixture(scope="module")
 def exposure_server(
-    served_bundle: Path, registry_file: Path, server_factory: Callable[..., LiveServer],
+    served_bundle: Path, registry_file: Path, module_server_factory: Callable[..., LiveServer],
     tmp_path_factory: pytest.TempPathFactory,
 ) -> tuple[LiveServer, Path]:
     root = tmp_path_factory.mktemp("exposure")
     bundle = vectors_only(served_bundle, root / "bundle")  # no encoder: ready in seconds
     path = root / "logs" / "exposure.jsonl"
-    server = server_factory(
+    server = module_server_factory(
         bundle, registry=registry_file, exposure_log="file", exposure_log_path=path,
         exposure_include_ids="true", exposure_salt=SALT,
     )

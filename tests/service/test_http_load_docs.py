@@ -52,6 +52,7 @@ def test_docs_cannot_combine_with_a_bundle(tmp_path: Any) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.live  # a server per corpus size
 def test_main_measures_each_corpus_size(capsys: pytest.CaptureFixture[str]) -> None:
     args = (
         "--docs 300,2000 --concurrency 1,2 --modes batching --seconds 0.3 --requests 10 --engine-seconds 0.02"

@@ -21,6 +21,7 @@ import pytest
 from bench.live_server import LiveServer, child_env, start_server
 from subspace.bundle import read_bundle, write_bundle
 from subspace.scoring import normalize_blocks, reference_scores
+from tests.live_fixtures import SERVER_DEFAULTS
 
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
@@ -71,7 +72,7 @@ def _load(bundle: Path, uri: Path) -> dict[str, Any]:
 
 def _serve(bundle: Path, log_dir: Path, token: str, db: Path) -> LiveServer:
     """A milvus-backed server; readiness may take long on a loaded machine (torch import, encoder)."""
-    settings = {"backend": "milvus", "threads": 1, "milvus_uri": db, "milvus_collection": "esp"}
+    settings = {**SERVER_DEFAULTS, "backend": "milvus", "milvus_uri": db, "milvus_collection": "esp"}
     log_dir.mkdir(parents=True, exist_ok=True)
     return start_server(bundle, log_dir / "server.log", settings=settings, token=token, ready_timeout=300)
 
@@ -88,6 +89,8 @@ def _expected(bundle: Path, q: np.ndarray, weights: np.ndarray, mask: np.ndarray
     return [b.ids[i] for i in order]
 
 
+@pytest.mark.live  # esp serve on Milvus Lite, started here
+@pytest.mark.slow
 def test_milvus_server_filters_writes_and_persists(
     milvus_bundle: Path,
     tmp_path: Path,

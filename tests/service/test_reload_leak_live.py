@@ -49,6 +49,7 @@ def process_stats(pid: int) -> dict[str, int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+@pytest.mark.slow
 def test_many_reloads_leave_threads_files_maps_and_rss_flat(
     tiny_bundle: Path, tmp_path: Path, server_factory: Callable[..., LiveServer]
 ) -> None:
@@ -75,6 +76,7 @@ def test_many_reloads_leave_threads_files_maps_and_rss_flat(
 
 
 @pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads /proc")
+@pytest.mark.slow
 def test_overlapping_blocking_work_starts_no_thread(
     tiny_bundle: Path, server_factory: Callable[..., LiveServer]
 ) -> None:

@@ -44,7 +44,7 @@ def wait_all(servers: list[LiveServer], check: Callable[[dict], bool], what: str
 
 
 @pytest.fixture(scope="module")
-def fleet(served_bundle: Path, server_factory: Callable[..., LiveServer],
+def fleet(served_bundle: Path, module_server_factory: Callable[..., LiveServer],
           tmp_path_factory: pytest.TempPathFactory) -> tuple[list[LiveServer], Path, dict[str, Path]]:
     root = tmp_path_factory.mktemp("fleet")
     bundles = {
@@ -54,7 +54,7 @@ def fleet(served_bundle: Path, server_factory: Callable[..., LiveServer],
     }
     registry = root / "registry.json"
     name_bundle(registry, bundles["a"])
-    servers = [server_factory(bundles["a"], registry=registry, registry_poll_seconds=POLL) for _ in range(3)]
+    servers = [module_server_factory(bundles["a"], registry=registry, registry_poll_seconds=POLL) for _ in range(3)]
     return servers, registry, bundles
 
 

@@ -37,11 +37,13 @@ K = 10
 
 
 @pytest.fixture(scope="module")
-def ui_server(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+def ui_server(served: LiveServer, tmp_path_factory: pytest.TempPathFactory) -> Iterator[LiveServer]:
+    # ``served`` is an argument, not a getfixturevalue() call: the shared server stops after its
+    # last user, and only arguments say who that is (tests/live_fixtures.py)
+    require_chromium()
     bundle = os.environ.get("ESP_UI_BUNDLE")
     if not bundle:
-        require_chromium()  # before building the shared server: nothing to do without a browser
-        yield request.getfixturevalue("served")
+        yield served
         return
     log = tmp_path_factory.mktemp("ui-server") / "server.log"
     settings = {**SERVER_DEFAULTS, "max_k": 50}
