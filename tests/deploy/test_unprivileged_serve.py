@@ -40,6 +40,7 @@ def shared_dir() -> Iterator[Path]:
     shutil.rmtree(path, ignore_errors=True)
 
 
+@pytest.mark.live
 def test_a_bundle_built_as_root_is_searched_by_uid_65534(tiny_bundle: Path, shared_dir: Path) -> None:
     assert os.stat(tiny_bundle).st_uid == 0
     bundle = shared_dir / "bundle"
