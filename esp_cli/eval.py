@@ -55,7 +55,8 @@ def run(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="esp-eval-") as tmp:
         work = Path(args.work_dir) if args.work_dir else (Path(tmp) if args.quick else Path("artifacts/eval"))
         ctx = prepare(cfg, data_dir, work)
-        n_runs = sum(len(cfg.seeds) * len(cfg.schedule()) for s in cfg.methods.values() if s.trained)
+        n_runs = sum(len([x for x in cfg.seeds if s.seeds is None or x in s.seeds]) * len(cfg.schedule())
+                     for s in cfg.methods.values() if s.trained)
         done = [0]
 
         def progress(r: object) -> None:

@@ -58,9 +58,11 @@ def pareto_plot(
         ax.scatter(sw[:, 0], sw[:, 1], s=10, alpha=0.35, color=c)
         f = sw[fronts[name]]
         ax.plot(f[:, 0], f[:, 1], "-", color=c, lw=1.8, label=f"{name}: weight sweep front")
-    markers = "osD^v<>ph*"
+    markers = "osD^v<>ph*X"  # 11 shapes against 10 colours: no two unswept points look alike
     for j, (name, (x, y, xs, ys)) in enumerate(points.items()):
-        c = colours.get(name, f"C{len(sweeps) + j}")
+        # a swept method's point (its name plus a suffix) takes its front's colour
+        c = next((colours[s] for s in sorted(colours, key=len, reverse=True) if name.startswith(s)),
+                 f"C{len(sweeps) + j}")
         ax.errorbar(
             x,
             y,

@@ -225,7 +225,8 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     for m, pm in per_method.items():
         xs = [pm["per_seed"][s][X] for s in pm["seeds"]]
         ys = [pm["per_seed"][s][Y] for s in pm["seeds"]]
-        suffix = (" (cross-fitted alpha)" if cfg.methods[m].hybrid is not None
+        hyb = cfg.methods[m].hybrid
+        suffix = (" (cross-fitted alpha)" if hyb is not None and hyb.fusion == "minmax"
                   else " (default weights)" if any(pm["curves"].values()) else "")
         points[label[m] + suffix] = (
             mean_std(xs)[0], mean_std(ys)[0], mean_std(xs)[1], mean_std(ys)[1])
@@ -523,8 +524,9 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
     # ---- main table
     add("## Main table")
     add("")
-    add(f"Mean ± std over {_seeds_text(p['seeds_done'])}; ESP rows at the default serving weights "
-        "(all 1), plus the operating points below.")
+    add(f"Mean ± std over {_seeds_text(p['seeds_done'])}; ESP rows at each method's default serving "
+        "weights (its objectives' `default_weight` and its sparse block's, all 1 unless the config says "
+        "otherwise), plus the operating points below.")
     add("")
     header = ["method", "NDCG@10", "entity P@10", "intent macro-F1", "intent agreement@10",
               "hypervolume", "seeds"]
