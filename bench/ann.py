@@ -36,7 +36,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench._common import emit, machine, progress
 from subspace.bundle import read_bundle
-from subspace.engine.ivf import IvfBackend
+from subspace.engine.ivf import EXACT_BELOW, IvfBackend
 from subspace.engine.ivf_index import IvfIndexError, IvfParams, build_index, load_index, save_index
 from subspace.engine.numpy_backend import NumpyBackend
 from subspace.layout import SubspaceLayout
@@ -61,6 +61,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--list-dtype", default="int8", choices=["int8", "float32"])
     p.add_argument("--time-queries", type=int, default=32, help="queries timed at batch 1 per weight")
     p.add_argument("--exact-weights", type=int, default=3, help="weight vectors the exact scan is timed on")
+    p.add_argument(
+        "--exact-below",
+        type=int,
+        default=EXACT_BELOW,
+        help="rows below which ivf takes the exact scan (0: always probe, to time the index itself)",
+    )
     p.add_argument("--hnsw-m", type=int, default=16)
     p.add_argument("--hnsw-ef", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--no-hnsw", action="store_true")
@@ -203,7 +209,14 @@ def main(argv: list[str] | None = None) -> int:
     progress(f"ivf built in {build_s:.1f}s, {index.nbytes / 2**20:.0f} MiB")
     budgets = sorted(args.max_touched)
     engines = {
-        b: IvfBackend(corpus, layout, index=index, max_touched=b, target_misses=args.target_misses)
+        b: IvfBackend(
+            corpus,
+            layout,
+            index=index,
+            max_touched=b,
+            target_misses=args.target_misses,
+            exact_below=args.exact_below,
+        )
         for b in budgets
     }
     nlist = index.partitions[0].nlist
@@ -263,6 +276,7 @@ def main(argv: list[str] | None = None) -> int:
                 "touched_mean": float(st.touched.mean() / args.n),
                 "touched_max": float(st.touched.max() / args.n),
                 "exact_share": float(st.exact.mean()),
+                "mode": st.mode,
                 "ms_b1": ms_per_query(ivf.search, [(queries[i : i + 1], w, args.k) for i in range(tq)]),
                 "ms_b64": ms_per_query(ivf.search, [(queries[:64], w, args.k)]),
             }
@@ -325,6 +339,7 @@ def main(argv: list[str] | None = None) -> int:
             "ivf_touched_mean": float(np.mean([c["touched_mean"] for c in cells])),
             "ivf_touched_max_query": max(c["touched_max"] for c in cells),
             "ivf_exact_share": float(np.mean([c["exact_share"] for c in cells])),
+            "ivf_modes": sorted({c["mode"] for c in cells}),  # "exact": the fallback answered
             "ms_b1_mean": float(b1.mean()),
             "ms_b1_worst_weight": float(b1.max()),
             "ms_b64_mean": float(b64.mean()),
@@ -362,6 +377,7 @@ def main(argv: list[str] | None = None) -> int:
                 "target_misses": args.target_misses,
                 "nlist": nlist,
                 "list_dtype": args.list_dtype,
+                "exact_below": args.exact_below,
                 "partitions": [list(p.blocks) for p in index.partitions],
                 "threads": threads,
             },

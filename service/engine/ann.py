@@ -4,7 +4,9 @@ The bundle's ``ann/`` index when it has one (written by ``esp index --ann``; its
 checksummed by the manifest and again by the index's own ``ivf.json``), else one built from the
 embeddings at load time (the build seconds and bytes are logged). ``ESP_ANN_MAX_TOUCHED`` is the
 fraction of the corpus a query may scan; a query whose per-list bounds prove its top k earlier
-stops there, exactly. A bad index refuses the bundle
+stops there, exactly. Below :data:`~subspace.engine.ivf.EXACT_BELOW` rows the backend answers
+with the exact scan (the index cannot win there), so a bundle without ``ann/`` gets no index
+built. A bad index refuses the bundle
 (:class:`~subspace.engine.ivf_index.IvfIndexError`, a ``BundleError`` naming the file), so the
 service keeps serving the one it had.
 """
@@ -16,6 +18,7 @@ import time
 from typing import Any
 
 from subspace.bundle import Bundle
+from subspace.engine.ivf import EXACT_BELOW
 from subspace.engine.ivf_index import build_index, bundle_index_dir, load_index
 
 log = logging.getLogger(__name__)
@@ -24,6 +27,10 @@ log = logging.getLogger(__name__)
 def ivf_options(bundle: Bundle, max_touched: float) -> dict[str, Any]:
     """``IvfBackend`` keyword arguments for ``bundle``: its index and the scan budget."""
     folder = bundle_index_dir(bundle.path)
+    n = len(bundle.embeddings)
+    if folder is None and n < EXACT_BELOW:
+        log.info("ivf: %d rows < %d: no index built, the exact scan answers every query", n, EXACT_BELOW)
+        return {"max_touched": max_touched}
     t0 = time.perf_counter()
     if folder is not None:
         index = load_index(folder, bundle.embeddings, bundle.layout)

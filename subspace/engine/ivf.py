@@ -28,10 +28,19 @@ backend keeps the engine contract. Lists are scanned from their codes (``int8`` 
 ``float32``), the candidates within the scan's roundoff of the k-th are re-ranked in float64
 on the master, and per-hit subspace scores come from the master as for every backend.
 ``last_stats`` holds the rows scanned and whether each query of the last search was exact.
+
+**Exact where the index cannot win.** With ``max_touched`` set, a corpus of fewer than
+``exact_below`` rows (:data:`EXACT_BELOW`), or a budget of at least ``exact_above``
+(:data:`EXACT_ABOVE`) of the corpus, is answered by the numpy backend's exact scan instead: at
+that size the probing's fixed cost (the per-list summaries, the rounds) exceeds one scan of the
+corpus (``bench/ann.py --quick``, 30k rows: the probing was slower than the exact scan on the
+slowest weight vector). The choice is made once, logged, and shown as ``fallback`` (the reason)
+and in ``last_stats.mode`` (``"exact"``); no index is built for it.
 """
 
 from __future__ import annotations
 
+import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -43,12 +52,17 @@ from scipy.special import log_ndtr
 from subspace.engine._gemv import rows_dot
 from subspace.engine.base import Backend, Capabilities, EngineInputError
 from subspace.engine.ivf_index import IvfIndex, IvfIndexError, IvfParams, build_index
-from subspace.engine.numpy_backend import blas_limiter
+from subspace.engine.numpy_backend import NumpyBackend, blas_limiter
 from subspace.engine.refine import Batch, Candidates, Filter, stack_rows
 from subspace.engine.sparse_terms import SparseScan
 from subspace.layout import SubspaceLayout
 
 _U32 = 2.0**-24
+log = logging.getLogger(__name__)
+#: below this many rows an approximate search takes the exact scan (measured: README, "Approximate")
+EXACT_BELOW = 50_000
+#: a budget of at least this fraction of the corpus costs more in lists than one exact scan
+EXACT_ABOVE = 0.5
 
 
 def _log_tail(z: np.ndarray, kind: str) -> np.ndarray:
@@ -70,6 +84,7 @@ class SearchStats:
     touched: np.ndarray  # (nq,) int64
     exact: np.ndarray  # (nq,) bool: stopped by the bound (or a finished partition)
     rounds: int
+    mode: str = "ivf"  # "exact": the exact scan answered (the backend's ``fallback``)
 
 
 class IvfBackend(Backend):
@@ -77,6 +92,7 @@ class IvfBackend(Backend):
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
     capabilities: ClassVar[Capabilities] = Capabilities(approximate=True)  # with max_touched
     _pool: ThreadPoolExecutor | None = None
+    _exact: NumpyBackend | None = None
 
     def __init__(
         self,
@@ -91,9 +107,13 @@ class IvfBackend(Backend):
         step_fraction: float = 0.004,
         spread: float = 1.0,
         tail: str = "gauss",
+        exact_below: int = EXACT_BELOW,
+        exact_above: float = EXACT_ABOVE,
         **settings: Any,
     ) -> None:
-        """``settings``: the :class:`Backend` ones (``precision``, ``threads``, ``chunk_rows``)."""
+        """``settings``: the :class:`Backend` ones (``precision``, ``threads``, ``chunk_rows``);
+        ``exact_below`` / ``exact_above``: when the exact scan answers instead (module docstring;
+        ``exact_below=0`` always probes)."""
         if max_touched is not None and (
             isinstance(max_touched, bool)
             or not isinstance(max_touched, int | float)
@@ -114,12 +134,35 @@ class IvfBackend(Backend):
         if tail not in TAILS:
             raise EngineInputError(f"tail {tail!r} is unknown; allowed: {list(TAILS)}", "tail")
         self.tail = tail
+        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 0:
+            raise EngineInputError(f"exact_below must be an integer >= 0, got {exact_below!r}", "exact_below")
+        self.exact_below = exact_below
+        self.exact_above = float(exact_above)
+        #: why the exact scan answers every query (``None``: the index does)
+        self.fallback: str | None = None
+        self._exact: NumpyBackend | None = None
         self.last_stats: SearchStats | None = None
         self._pool: ThreadPoolExecutor | None = None
         super().__init__(corpus, layout, **settings)
 
     # --- load ---------------------------------------------------------------------------------
+    def _fallback_reason(self, n: int) -> str | None:
+        if self.max_touched is None:
+            return None  # exact mode: the probing is exact already
+        if n < self.exact_below:
+            return f"{n} rows < exact_below {self.exact_below}"
+        if self.max_touched >= self.exact_above:
+            return f"max_touched {self.max_touched} >= exact_above {self.exact_above}"
+        return None
+
     def _load(self, corpus: np.ndarray) -> None:
+        self.fallback = self._fallback_reason(corpus.shape[0])
+        if self.fallback is not None:
+            precision = "float16" if corpus.dtype == np.float16 else "float32"  # no copy
+            self._exact = NumpyBackend(corpus, self.layout, precision=precision, threads=self.threads)
+            log.info("ivf: the exact scan answers every query (%s): the index cannot win here", self.fallback)
+            if self._given_index is None:
+                return  # no index to build
         index = (
             self._given_index
             if self._given_index is not None
@@ -153,7 +196,14 @@ class IvfBackend(Backend):
 
         A selective mask (at most a quarter of the rows) is answered by the exact scan of its
         rows (:class:`Backend`'s); a broad one keeps only allowed rows among the probed members.
+        With a ``fallback``, the numpy backend's exact candidates (and their bound).
         """
+        if self._exact is not None:
+            nq = batch.scan.shape[0]
+            self.last_stats = SearchStats(
+                np.full(nq, self.num_docs, np.int64), np.ones(nq, bool), 0, mode="exact"
+            )
+            return self._exact._candidates(batch, c, flt)
         if flt.mask is not None and 4 * (flt.n_allowed or 0) <= self.num_docs:
             return super()._candidates(batch, c, flt)
         rows, _ = stack_rows(*self._probe(batch.scaled64, batch.k, flt.mask), width=batch.k)
@@ -163,6 +213,8 @@ class IvfBackend(Backend):
         self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
     ) -> tuple[np.ndarray, np.ndarray]:
         """The probing alone: top ``c`` by scan score among the rows the probing scanned."""
+        if self._exact is not None:
+            return self._exact._scan(scaled, c, sparse)
         return stack_rows(*self._probe(np.asarray(scaled, np.float64), min(c, self.num_docs)))
 
     def _code_eps(self, scaled64: np.ndarray) -> np.ndarray:
@@ -411,7 +463,14 @@ class IvfBackend(Backend):
         keep = scores.astype(np.float64) >= kth - 2.0 * eps
         return rows[keep], scores[keep], kth
 
+    def set_threads(self, threads: int) -> None:
+        super().set_threads(threads)
+        if self._exact is not None:
+            self._exact.set_threads(threads)
+
     def close(self) -> None:
+        if self._exact is not None:
+            self._exact.close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None

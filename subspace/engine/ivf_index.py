@@ -64,7 +64,7 @@ class IvfParams:
     together; e.g. ``(("semantic", "entity", "intent"), ("intent",))`` adds an intent one);
     ``nlist``: lists per partition (``None``: ``sqrt(N)`` rounded, at least 1, at most ``N``);
     ``list_dtype``: ``int8`` or ``float32`` codes; ``train_rows``: k-means sample rows per
-    list; ``iters``: Lloyd iterations.
+    list; ``iters``: k-means iterations (``faiss.Kmeans``, seeded by ``seed``).
     """
 
     groups: tuple[tuple[str, ...], ...] | None = None
@@ -140,31 +140,44 @@ def _rows32(corpus: np.ndarray, start: int, stop: int) -> np.ndarray:
     return np.asarray(corpus[start:stop], dtype=np.float32)
 
 
-def _assign(x: np.ndarray, centroids: np.ndarray, half_sq: np.ndarray) -> np.ndarray:
-    """Nearest centroid (Euclidean) of each row: argmax ``<x, c> - |c|^2 / 2``."""
-    return np.argmax(x @ centroids.T - half_sq, axis=1)
+def _faiss() -> Any:
+    try:
+        import faiss
+    except ImportError as exc:  # pragma: no cover - faiss-cpu is a dependency
+        raise IvfIndexError(
+            "building an ivf index needs faiss (the faiss-cpu package) for its k-means", "faiss"
+        ) from exc
+    return faiss
 
 
-def kmeans(x: np.ndarray, nlist: int, iters: int, rng: np.random.Generator) -> np.ndarray:
-    """Lloyd's k-means on ``x`` ``(n, d)`` float32: ``(nlist, d)`` float32 centroids.
+def kmeans(x: np.ndarray, nlist: int, iters: int, seed: int) -> Any:
+    """``faiss.Kmeans`` on ``x`` ``(n, d)`` float32, seeded: the trained quantiser (its
+    ``centroids`` ``(nlist, d)`` and the flat L2 ``index`` that assigns rows to them).
 
-    Starts from distinct random rows; an emptied cluster restarts at a random row.
+    k-means++ seeding where this faiss has it (random rows otherwise); faiss splits an emptied
+    cluster. ``x`` is already the build's seeded sample, so faiss does not subsample it again.
     """
-    n = x.shape[0]
-    seed_rows = x[rng.choice(n, size=min(n, 8 * nlist), replace=False)]
-    cent = _kmeans_pp(seed_rows, nlist, rng)
-    for _ in range(iters):
-        labels = np.concatenate(
-            [_assign(x[s : s + _CHUNK], cent, 0.5 * (cent * cent).sum(1)) for s in range(0, n, _CHUNK)]
-        )
-        counts = np.bincount(labels, minlength=nlist)
-        o = np.argsort(labels, kind="stable")
-        sums = _segment_sums(x[o], labels[o], nlist)
-        empty = counts == 0
-        cent = (sums / np.maximum(counts, 1)[:, None]).astype(np.float32)
-        if empty.any():
-            cent[empty] = x[rng.choice(n, size=int(empty.sum()), replace=False)]
-    return cent
+    faiss = _faiss()
+    n, d = x.shape
+    opts: dict[str, Any] = {
+        "niter": iters,
+        "seed": int(seed),
+        "min_points_per_centroid": 1,
+        "max_points_per_centroid": max(1, -(-n // nlist)),
+        "verbose": False,
+    }
+    init = getattr(faiss, "ClusteringInitMethod_KMEANS_PLUS_PLUS", None)
+    if init is not None:
+        opts["init_method"] = init
+    km = faiss.Kmeans(d, nlist, **opts)
+    km.train(np.ascontiguousarray(x, dtype=np.float32))
+    return km
+
+
+def _assign(quantiser: Any, x: np.ndarray) -> np.ndarray:
+    """Nearest centroid (Euclidean) of each row of ``x``, by the quantiser's flat index."""
+    _, labels = quantiser.index.search(np.ascontiguousarray(x, dtype=np.float32), 1)
+    return labels[:, 0].astype(np.int64)
 
 
 def _segment_sums(x: np.ndarray, labels: np.ndarray, nlist: int) -> np.ndarray:
@@ -174,22 +187,6 @@ def _segment_sums(x: np.ndarray, labels: np.ndarray, nlist: int) -> np.ndarray:
         starts = np.flatnonzero(np.concatenate([[True], labels[1:] != labels[:-1]]))
         out[labels[starts]] = np.add.reduceat(x, starts, axis=0, dtype=np.float64)
     return out
-
-
-def _kmeans_pp(x: np.ndarray, nlist: int, rng: np.random.Generator) -> np.ndarray:
-    """k-means++ seeding: each next centre drawn with probability proportional to the squared
-    distance to the nearest centre so far (well-spread starts; Lloyd then rarely stalls)."""
-    n = x.shape[0]
-    sq = (x.astype(np.float64) ** 2).sum(1)
-    cent = np.empty((nlist, x.shape[1]), np.float32)
-    cent[0] = x[rng.integers(n)]
-    best = np.maximum(sq - 2.0 * (x @ cent[0]) + float(cent[0] @ cent[0]), 0.0)
-    for j in range(1, nlist):
-        total = best.sum()
-        pick = int(rng.choice(n, p=best / total)) if total > 0 else int(rng.integers(n))
-        cent[j] = x[pick]
-        np.minimum(best, np.maximum(sq - 2.0 * (x @ cent[j]) + float(cent[j] @ cent[j]), 0.0), out=best)
-    return cent
 
 
 def _quantise(x: np.ndarray, scale: np.ndarray, dtype: Any) -> np.ndarray:
@@ -235,10 +232,9 @@ def build_index(corpus: np.ndarray, layout: SubspaceLayout, params: IvfParams | 
     for group in groups:
         tp = time.perf_counter()
         cols = np.concatenate([np.arange(layout[b].offset, layout[b].end) for b in group])
-        cent = kmeans(np.ascontiguousarray(sample[:, cols]), nlist, params.iters, rng)
-        half_sq = 0.5 * (cent * cent).sum(1)
+        quantiser = kmeans(sample[:, cols], nlist, params.iters, int(rng.integers(2**31 - 1)))
         labels = np.concatenate(
-            [_assign(_rows32(corpus, s, s + _CHUNK)[:, cols], cent, half_sq) for s in range(0, n, _CHUNK)]
+            [_assign(quantiser, _rows32(corpus, s, s + _CHUNK)[:, cols]) for s in range(0, n, _CHUNK)]
         )
         order = np.argsort(labels, kind="stable").astype(np.int64)
         counts = np.bincount(labels, minlength=nlist)
@@ -286,6 +282,7 @@ def build_index(corpus: np.ndarray, layout: SubspaceLayout, params: IvfParams | 
                 "train_rows": params.train_rows,
                 "iters": params.iters,
                 "seed": params.seed,
+                "kmeans": "faiss",
             },
         }
     )

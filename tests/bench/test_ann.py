@@ -15,7 +15,9 @@ def test_ann_bench_prints_one_json_line_with_its_keys(
 ) -> None:
     from training.data.trec import TREC_DIR
 
-    argv = ["--quick", "--n", "3000", "--bundle", str(tiny_bundle), "--data", str(tiny_data_dir / TREC_DIR)]
+    data = str(tiny_data_dir / TREC_DIR)
+    # --exact-below 0: time the probing itself (at 3000 rows the backend would take the exact scan)
+    argv = ["--quick", "--n", "3000", "--exact-below", "0", "--bundle", str(tiny_bundle), "--data", data]
     assert ann.main(argv) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1
@@ -27,5 +29,6 @@ def test_ann_bench_prints_one_json_line_with_its_keys(
         assert 0.0 <= cell["faiss_ivf_worst_recall"] <= 1.0
         assert 0 < cell["ivf_touched_mean"] <= 2 * float(budget.removeprefix("budget"))
         assert cell["ms_b1_mean"] > 0 and cell["speedup_b1_vs_exact"] > 0
+        assert cell["ivf_modes"] == ["ivf"]
     assert set(r["per_weight"][0]["hnsw"]) == {"ef64"}
     assert r["build"]["ivf_bytes"] > 0 and r["summary"]["ms_b1"]["exact"] > 0

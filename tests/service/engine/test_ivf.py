@@ -66,7 +66,7 @@ def test_weight_aware_probing_finds_the_top_k_a_plain_ivf_misses(make_engine) ->
     assert recall(plain_rows, truth) == 0.0  # it probes cluster 1: best centroid, no top-k row
 
     index = build_index(corpus, layout, IvfParams(nlist=4, seed=0))
-    engine = make_engine("ivf", corpus, layout, index=index, max_touched=0.25)
+    engine = make_engine("ivf", corpus, layout, index=index, max_touched=0.25, exact_below=0)
     res = engine.search(queries, w, 10)
     assert (engine.last_stats.touched <= n // 4).all()  # the same work: one list of four
     np.testing.assert_array_equal(res.rows, truth)
@@ -79,7 +79,7 @@ def test_exact_rerank_equals_the_exact_backend_whenever_the_candidates_hold_the_
     w = np.random.default_rng(3).uniform(0.0, 1.0, (40, 3))
     exact = make_engine("numpy", corpus, layout)
     truth = exact.search(queries, w, 10)
-    engine = make_engine("ivf", corpus, layout, max_touched=0.05)
+    engine = make_engine("ivf", corpus, layout, max_touched=0.05, exact_below=0)
     scaled64 = queries.astype(np.float64) * layout.expand(w)
     bands, _ = engine._probe(scaled64, 10)
     res = engine.search(queries, w, 10)
@@ -168,8 +168,9 @@ def test_a_saved_index_loads_back_and_searches_the_same(saved, make_engine) -> N
     assert loaded.report["params"]["nlist"] == 16 and loaded.report["build_seconds"] >= 0
     queries = clustered(4, layout, centres=12, spread=0.5, seed=10)
     w = np.array([1.0, 0.5, 2.0, 0.0])
-    one = make_engine("ivf", corpus, layout, index=index, max_touched=0.2).search(queries, w, 5)
-    two = make_engine("ivf", corpus, layout, index=loaded, max_touched=0.2).search(queries, w, 5)
+    kw = {"max_touched": 0.2, "exact_below": 0}  # the probing, not the small-N exact scan
+    one = make_engine("ivf", corpus, layout, index=index, **kw).search(queries, w, 5)
+    two = make_engine("ivf", corpus, layout, index=loaded, **kw).search(queries, w, 5)
     np.testing.assert_array_equal(one.rows, two.rows)
     listed = json.loads((folder / "ivf.json").read_text())["files"]
     assert sorted(p.name for p in folder.iterdir()) == sorted([*listed, "ivf.json"])
