@@ -96,7 +96,7 @@ def split_cores(enabled: bool) -> tuple[set[int], set[int]] | None:
 
 
 def refusal_reason(body: bytes) -> str:
-    """Which admission check refused a 429, from its message (service.middleware, service.batching)."""
+    """Which admission check refused a 429, from its message (service.search: admission, batching)."""
     try:
         message = str(json.loads(body).get("message", ""))
     except (ValueError, AttributeError):

@@ -27,7 +27,6 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import blocking
-from service.batching import MicroBatcher
 from service.config import Settings, get_settings
 from service.errors import (
     ERROR_KINDS,
@@ -42,18 +41,17 @@ from service.errors import (
 from service.exposure import ExposureLog
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
-from service.middleware import (
-    AdmissionMiddleware,
-    BodyLimitMiddleware,
-    MetricsMiddleware,
-    RequestIdMiddleware,
-)
-from service.registry import RegistryWatcher
-from service.rollout import BundleRollout
-from service.routes import admin, cluster, docs, documents, embeddings, meta, registry, search, ui
+from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
+from service.rollout import RolloutReconciler
+from service.routes import admin, cluster, docs, documents, embeddings, meta, tuning, ui
 from service.schemas import UNION_TAGS, error_responses
+from service.search import route as search
+from service.search.admission import AdmissionMiddleware
+from service.search.batching import MicroBatcher
+from service.search.pipeline import SearchPipeline
 from service.state import StateHolder
 from service.tracing import Tracing
+from service.tuning import RegistryWatcher
 
 log = logging.getLogger(__name__)
 
@@ -185,9 +183,12 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
     metrics: Metrics = app.state.metrics
     metrics.ready.set(0)
     pool = await blocking.install(settings.blocking_threads)
-    app.state.registry = RegistryWatcher(settings.registry, metrics, settings.registry_poll_seconds)
-    app.state.exposure = ExposureLog.from_settings(settings)
-    app.state.batcher = MicroBatcher(
+    pipeline: SearchPipeline = app.state.search
+    app.state.registry = pipeline.registry = RegistryWatcher(
+        settings.registry, metrics, settings.registry_poll_seconds
+    )
+    exposure = pipeline.exposure = ExposureLog.from_settings(settings)
+    batcher = MicroBatcher(
         metrics,
         max_batch=settings.max_batch,
         max_wait_ms=settings.max_wait_ms,
@@ -195,9 +196,10 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         gather=settings.batching,
         latency_budget_ms=settings.latency_budget_ms,
     )
-    await app.state.batcher.start()
+    await batcher.start()
+    pipeline.batcher = batcher
     await app.state.registry.start()
-    app.state.rollout = BundleRollout(app.state, settings)  # the bundle the registry file names
+    app.state.rollout = RolloutReconciler(app.state, settings)  # the bundle the registry file names
     await app.state.rollout.start()
     loader: asyncio.Task[None] | None = None
     if settings.bundle_source is not None:
@@ -213,11 +215,13 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
             loader.cancel()
             with contextlib.suppress(asyncio.CancelledError):
                 await loader
-        await app.state.batcher.stop()
+        pipeline.batcher = None
+        await batcher.stop()
         await app.state.rollout.stop()
         await app.state.registry.stop()
-        app.state.exposure.close()
-        app.state.tracing.flush()
+        pipeline.exposure = None
+        exposure.close()
+        pipeline.tracing.flush()
         served = app.state.holder.current
         if served is not None:
             served.retire()  # its engine's threads stop with the app
@@ -244,15 +248,23 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     app.state.settings = settings
     app.state.metrics = Metrics()
     app.state.holder = StateHolder()
-    app.state.tracing = Tracing.from_settings(settings)  # spans of each search (service.tracing)
+    # set at start-up (lifespan); None until then, so routes read them without probing
+    app.state.registry = app.state.rollout = None
+    app.state.cluster_jobs = 0  # clustering requests running now (service.routes.cluster)
+    # the search wing (service.search): spans of each search (service.tracing); the batcher,
+    # registry watcher and exposure log join at start-up (lifespan)
+    pipeline = app.state.search = SearchPipeline(
+        settings, app.state.metrics, app.state.holder, Tracing.from_settings(settings)
+    )
     _install_error_handlers(app)
-    app.add_middleware(AdmissionMiddleware)  # innermost: a late search is refused before its body is read
+    # innermost: a late search is refused before its body is read
+    app.add_middleware(AdmissionMiddleware, pipeline=pipeline)
     app.add_middleware(BodyLimitMiddleware, max_bytes=settings.max_body_bytes)
     app.add_middleware(MetricsMiddleware, metrics=app.state.metrics)
     app.add_middleware(RequestIdMiddleware)  # outermost: every line of a request carries its id
-    search.add_search_route(app)
+    search.add_search_route(app, pipeline)
     app.include_router(meta.router)
-    app.include_router(registry.router, responses=error_responses(404, 422, 503))
+    app.include_router(tuning.router, responses=error_responses(404, 422, 503))
     app.include_router(admin.router)
     app.include_router(documents.router)
     app.include_router(cluster.router)

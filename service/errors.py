@@ -13,11 +13,14 @@ validation and HTTP errors leave in the same body (``service.app``).
 
 from __future__ import annotations
 
+import json
 import math
+from collections.abc import Sequence
 from enum import StrEnum
 from typing import Any
 
 from starlette.responses import JSONResponse
+from starlette.types import Send
 
 from subspace.errors import FieldError
 
@@ -80,6 +83,9 @@ class ErrorKind(StrEnum):
     READ_ONLY = "read_only_index"
     CLIENT_CLOSED = "client_closed_request"
     INTERNAL = "internal_error"
+    # answered by the HTTP protocol before any app ran (service.http_limits)
+    REQUEST_TIMEOUT = "request_timeout"
+    HEADERS_TOO_LARGE = "request_header_fields_too_large"
 
 
 STATUS: dict[ErrorKind, int] = {
@@ -87,7 +93,9 @@ STATUS: dict[ErrorKind, int] = {
     ErrorKind.BAD_REQUEST: 400,
     ErrorKind.NOT_FOUND: 404,
     ErrorKind.METHOD_NOT_ALLOWED: 405,
+    ErrorKind.REQUEST_TIMEOUT: 408,
     ErrorKind.PAYLOAD_TOO_LARGE: 413,
+    ErrorKind.HEADERS_TOO_LARGE: 431,
     ErrorKind.OVERLOADED: 429,
     ErrorKind.NOT_READY: 503,
     ErrorKind.UNAUTHORIZED: 401,
@@ -157,6 +165,31 @@ def kind_for_status(status: int) -> ErrorKind:
 
 def error_body(kind: ErrorKind, message: str, field: str | None = None) -> dict[str, Any]:
     return {"type": kind.value, "message": message, "field": field}
+
+
+Headers = Sequence[tuple[bytes, bytes]]
+
+
+def encoded_error(
+    kind: ErrorKind, message: str, *, headers: Headers = (), close: bool = False
+) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    """An error answered below the app (a middleware, the HTTP protocol): its kind's status, the
+    response headers (JSON, its length, ``headers``, ``Connection: close`` when ``close``) and
+    the body, for :func:`send_error` and :mod:`service.http_limits` alike."""
+    payload = json.dumps(error_body(kind, message)).encode()
+    head = [(b"content-type", b"application/json"), (b"content-length", str(len(payload)).encode()), *headers]
+    if close:  # the body was not read: the server closes (lingering) instead of reading it all
+        head.append((b"connection", b"close"))
+    return STATUS[kind], head, payload
+
+
+async def send_error(
+    send: Send, kind: ErrorKind, message: str, *, headers: Headers = (), close: bool = False
+) -> None:
+    """Answer an ASGI request with an error before (or instead of) the app: :func:`encoded_error`."""
+    status, head, payload = encoded_error(kind, message, headers=headers, close=close)
+    await send({"type": "http.response.start", "status": status, "headers": head})
+    await send({"type": "http.response.body", "body": payload})
 
 
 # --- the OpenAI-compatible routes answer errors in OpenAI's shape ------------------------------

@@ -230,7 +230,7 @@ def log_search_exposure(
     latency_seconds: float,
 ) -> dict[str, Any] | None:
     """The exposure record of one served search (``resolved``: its
-    :class:`service.registry.Resolved`), when it is one and the log is on."""
+    :class:`service.tuning.Resolved`), when it is one and the log is on."""
     if log is None or not log.enabled or resolved.experiment is None or resolved.arm is None:
         return None
     if resolved.excluded or unit_id is None:

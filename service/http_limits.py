@@ -20,7 +20,7 @@ reads the answer. :class:`LimitedHttpToolsProtocol` adds, per connection:
 
 It also stamps each request's scope with when its headers were complete
 (:data:`RECEIVED`, ``time.monotonic()``), so admission can count the time a request already
-waited for the event loop (:class:`service.middleware.AdmissionMiddleware`), and answers
+waited for the event loop (:class:`service.search.admission.AdmissionMiddleware`), and answers
 uvicorn's connection/concurrency limit (``limit_concurrency``) with the service's error body and
 ``Retry-After`` instead of a bare 503.
 
@@ -34,7 +34,6 @@ Keep-alive and concurrency limits are uvicorn's own options (``timeout_keep_aliv
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 from dataclasses import dataclass
 from typing import Any, ClassVar
@@ -43,7 +42,7 @@ import httptools
 from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 
 from service.config import Settings, get_settings
-from service.errors import ErrorKind, error_body
+from service.errors import STATUS, ErrorKind, encoded_error, send_error
 
 #: Bytes a lingering close reads (and drops) at most before it closes anyway.
 LINGER_MAX_BYTES = 64 * 1024 * 1024
@@ -53,18 +52,8 @@ RECEIVED = "esp.received"
 
 async def _busy(scope: Any, receive: Any, send: Any) -> None:
     """The answer past ``limit_concurrency``: 503, the error body, ``Retry-After: 1``."""
-    payload = json.dumps(
-        error_body(ErrorKind.NOT_READY, "too many connections or requests in progress; retry shortly")
-    ).encode()
-    headers = [
-        (b"content-type", b"application/json"),
-        (b"content-length", str(len(payload)).encode()),
-        (b"retry-after", b"1"),
-    ]
-    await send({"type": "http.response.start", "status": 503, "headers": headers})
-    await send({"type": "http.response.body", "body": payload})
-
-_KINDS = {408: ErrorKind.BAD_REQUEST, 431: ErrorKind.BAD_REQUEST}
+    message = "too many connections or requests in progress; retry shortly"
+    await send_error(send, ErrorKind.NOT_READY, message, headers=[(b"retry-after", b"1")])
 
 
 @dataclass(frozen=True)
@@ -119,7 +108,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._in_head = True  # the bytes that come next belong to a request line and headers
         self._head_bytes = 0
         self._header_count = 0
-        self._rejection: tuple[int, str] | None = None
+        self._rejection: tuple[ErrorKind, str] | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._lingering = False
@@ -153,7 +142,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
                     return
                 if self._in_head:  # the head is still not complete past the limit
                     limit = self._limits.max_header_bytes
-                    self._reject(431, f"request line and headers exceed {limit} bytes")
+                    message = f"request line and headers exceed {limit} bytes"
+                    self._reject(ErrorKind.HEADERS_TOO_LARGE, message)
                     return
                 self._feed(data[room + 1 :])
                 self._arm_pending_timer()
@@ -188,8 +178,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return False
         except httptools.HttpParserError:
             if self._rejection is not None:
-                status, message = self._rejection
-                self._reject(status, message)
+                kind, message = self._rejection
+                self._reject(kind, message)
             else:
                 msg = "Invalid HTTP request received."
                 self.logger.warning(msg)
@@ -205,7 +195,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     def on_header(self, name: bytes, value: bytes) -> None:
         self._header_count += 1
         if self._header_count > self._limits.max_headers:
-            self._rejection = (431, f"more than {self._limits.max_headers} header fields")
+            message = f"more than {self._limits.max_headers} header fields"
+            self._rejection = (ErrorKind.HEADERS_TOO_LARGE, message)
             raise _Rejected
         super().on_header(name, value)
 
@@ -254,7 +245,8 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             if self._head_bytes == 0 and self.cycle is not None:
                 self.transport.close()  # an idle keep-alive connection: nothing to answer
                 return
-            self._reject(408, f"request headers not received within {self._limits.header_timeout:g} s")
+            message = f"request headers not received within {self._limits.header_timeout:g} s"
+            self._reject(ErrorKind.REQUEST_TIMEOUT, message)
 
     def _arm_body_timer(self) -> None:
         self._cancel(self._body_timer)
@@ -270,38 +262,33 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         cycle = self.cycle
         message = f"request body not received: nothing sent for {self._limits.body_timeout:g} s"
         if cycle is not None and not cycle.response_started:
-            self._write_error(408, message)
+            self._write_error(ErrorKind.REQUEST_TIMEOUT, message)
         if cycle is not None:
             cycle.disconnected = True  # the app's receive() answers http.disconnect
             cycle.message_event.set()
         self._transport_close()
 
     # --- answers and closing -----------------------------------------------------------------
-    def _write_error(self, status: int, message: str) -> None:
-        payload = json.dumps(error_body(_KINDS.get(status, ErrorKind.BAD_REQUEST), message)).encode()
+    def _write_error(self, kind: ErrorKind, message: str) -> None:
+        """The error answered on the connection itself (no app ran): :func:`service.errors.encoded_error`."""
+        status, headers, payload = encoded_error(kind, message, close=True)
         head = [STATUS_LINE[status]]
-        for name, value in self.server_state.default_headers:
+        for name, value in [*self.server_state.default_headers, *headers]:
             head.extend([name, b": ", value, b"\r\n"])
-        head.extend(
-            [
-                b"content-type: application/json\r\n",
-                b"content-length: " + str(len(payload)).encode("ascii") + b"\r\n",
-                b"connection: close\r\n\r\n",
-                payload,
-            ]
-        )
+        head.extend([b"\r\n", payload])
         self.transport.write(b"".join(head))
 
     def send_400_response(self, msg: str) -> None:
         """A request the parser cannot read: the service's error body (not uvicorn's plain text)."""
-        self._write_error(400, f"invalid HTTP request (request line, headers or chunked body): {msg}")
+        message = f"invalid HTTP request (request line, headers or chunked body): {msg}"
+        self._write_error(ErrorKind.BAD_REQUEST, message)
         self.close_lingering(force=True)
 
-    def _reject(self, status: int, message: str) -> None:
-        """Answer ``status`` (431, 408) before the app ran, then close lingering."""
+    def _reject(self, kind: ErrorKind, message: str) -> None:
+        """Answer ``kind`` (431, 408) before the app ran, then close lingering."""
         self._rejection = None
-        self.logger.warning("HTTP %d: %s", status, message)
-        self._write_error(status, message)
+        self.logger.warning("HTTP %d: %s", STATUS[kind], message)
+        self._write_error(kind, message)
         self.close_lingering(force=True)
 
     def close_lingering(self, force: bool = False) -> None:

@@ -30,6 +30,7 @@ from service.config import Settings
 from service.errors import ReloadRefusedError
 from service.metrics import Metrics
 from service.remote_bundle import fetch_bundle, is_uri, prune_cache
+from service.search.pipeline import SearchPipeline
 from service.state import ServingState, StateHolder, load_state
 from subspace.bundle import ENCODER, BundleError, read_manifest
 
@@ -91,13 +92,14 @@ async def load_and_activate(
     ``path`` is a local directory or a URI (:mod:`service.remote_bundle`: fetched into
     ``settings.bundle_cache`` and checked against ``sha256``, the digest of its manifest, on the
     loader thread before anything is loaded; after a swap the cache keeps the new and the old
-    bundle only). ``app_state`` is ``app.state`` (holder, metrics, registry). Raises
+    bundle only). ``app_state`` is ``app.state`` (holder, metrics, the search pipeline). Raises
     :class:`ReloadRefusedError` and counts ``esp_bundle_reloads_total{result="failure"}`` when the new
     bundle is refused; the served one is kept.
     """
     holder: StateHolder = app_state.holder
     metrics: Metrics = app_state.metrics
-    registry = getattr(app_state, "registry", None)
+    pipeline: SearchPipeline = app_state.search
+    registry = pipeline.registry
     async with holder.reload_lock:
         old = holder.current
         try:
@@ -113,7 +115,8 @@ async def load_and_activate(
             raise ReloadRefusedError(f"bundle at {path} refused ({kept}): {reason}") from None
         if old is None:  # the first bundle, before it is served: the start-up heap is complete
             heap.settle()
-            app_state.batcher.lag.restart()  # that pause was made before serving: no lag to refuse for
+            if pipeline.batcher is not None:  # that pause was made before serving: no lag to refuse for
+                pipeline.batcher.lag.restart()
         if registry is not None:
             registry.set_bundle(new.bundle)
         holder.swap(new)

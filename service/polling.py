@@ -1,6 +1,6 @@
 """A background poll loop: an asyncio task that calls a check every few seconds until stopped.
 
-The registry watcher (:mod:`service.registry.watcher`) and the bundle rollout
+The registry watcher (:mod:`service.tuning.watcher`) and the bundle rollout
 (:mod:`service.rollout`) both poll the registry file this way. An exception in one check is
 logged and the loop goes on; :meth:`Poller.stop` cancels the task and waits for it.
 """

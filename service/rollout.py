@@ -13,7 +13,7 @@ whole bundle (``esp bundle-info DIR`` prints it as ``manifest_sha256``). The ``p
 the URI of a bundle in object storage (``s3://models/esp/2026-01-07``, ``https://...``): its
 manifest is read alone and compared first, then the bundle is fetched into ``ESP_BUNDLE_CACHE``
 (:mod:`service.remote_bundle`) and loaded from there. Every replica's
-:class:`BundleRollout` polls the file (``ESP_REGISTRY_POLL_SECONDS``) and, when the bundle it
+:class:`RolloutReconciler` polls the file (``ESP_REGISTRY_POLL_SECONDS``) and, when the bundle it
 names is not the one served: checks the manifest's digest, then loads, verifies every checksum,
 warms and swaps it in through :func:`service.lifecycle.load_and_activate`, the path of every
 reload. A bundle that fails (wrong digest, a corrupt file, a layout the registry does not fit)
@@ -44,11 +44,11 @@ from service.errors import ReloadRefusedError
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
 from service.polling import Poller
-from service.registry.errors import RegistryError
-from service.registry.loader import decode
-from service.registry.schema import DesiredBundleSpec, desired_bundle
 from service.remote_bundle import BundleFetchError, is_uri, remote_manifest_sha256
 from service.state import ServingState, StateHolder
+from service.tuning.errors import RegistryError
+from service.tuning.loader import decode
+from service.tuning.schema import DesiredBundleSpec, desired_bundle
 
 log = logging.getLogger(__name__)
 
@@ -75,7 +75,7 @@ class RolloutStatus:
                 "since": self.since}
 
 
-class BundleRollout:
+class RolloutReconciler:
     """Reconciles the served bundle with the registry file's ``bundle`` (``app.state.rollout``)."""
 
     def __init__(self, app_state: Any, settings: Settings) -> None:
@@ -188,7 +188,7 @@ class BundleRollout:
         await self._poller.stop()
 
 
-def status_body(rollout: BundleRollout | None, state: ServingState | None) -> dict[str, Any]:
+def status_body(rollout: RolloutReconciler | None, state: ServingState | None) -> dict[str, Any]:
     """``bundle_sha256`` and ``rollout`` of the ``/readyz`` body."""
     if rollout is None:
         return {"bundle_sha256": None, "rollout": None}

@@ -275,6 +275,13 @@ class StateHolder:
         self.error: str | None = None
         self.reload_lock = asyncio.Lock()
 
+    def require(self) -> ServingState:
+        """The state served now, for one request to keep; :class:`NotReadyError` (503) when none is."""
+        state = self.current
+        if state is None:
+            raise NotReadyError(f"not ready: {self.error or 'the bundle is still loading'}", retry_after=1.0)
+        return state
+
     def swap(self, new: ServingState) -> ServingState | None:
         old, self.current = self.current, new
         self.error = None

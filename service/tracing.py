@@ -13,7 +13,7 @@ chart's ``tracing.*`` values set them). The spans come from the one request path
 
 Queue wait, encode and engine happen on the batcher's worker thread for a whole micro-batch;
 the batch records their wall-clock times for each request in it
-(:meth:`service.batching.MicroBatcher.submit`'s ``stages``) and the request turns them into
+(:meth:`service.search.batching.MicroBatcher.submit`'s ``stages``) and the request turns them into
 child spans with those times once it is answered, so a span tree reads like the request it
 describes. Disabled (the default), :data:`DISABLED` costs an attribute check per stage.
 """

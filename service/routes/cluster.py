@@ -129,7 +129,7 @@ async def cluster(
     if state.encoder is None:
         raise FieldError(f"bundle {state.version} has no query encoder: it cannot embed keywords", "keywords")
     app_state = request.app.state
-    running = getattr(app_state, "cluster_jobs", 0)
+    running: int = app_state.cluster_jobs
     if running >= settings.max_cluster_jobs:
         raise OverloadedError(
             f"{running} clustering request(s) already running (max_cluster_jobs); retry shortly",

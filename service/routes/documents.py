@@ -21,8 +21,8 @@ from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, Strict
 from service.errors import NotFoundError, ReadOnlyIndexError
 from service.routes.admin import require_admin
 from service.routes.deps import StateDep
-from service.routes.search import query_vector
 from service.schemas import MAX_TEXT_CHARS, Vector, error_responses
+from service.search.results import query_vector
 from service.state import ServingState
 from subspace.engine.base import Backend, LiveDocument
 from subspace.errors import FieldError

@@ -47,8 +47,8 @@ from pydantic_core import PydanticCustomError
 
 from service.errors import NotFoundError
 from service.routes.deps import SettingsDep, StateDep
-from service.routes.search import PydanticJSONResponse
 from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
+from service.search.codec import PydanticJSONResponse
 from service.state import ServingState
 from subspace.bundle import MANIFEST
 from subspace.errors import FieldError
@@ -184,9 +184,10 @@ def shape_vectors(
 
 
 def _encode(state: ServingState, texts: list[str], max_tokens: int) -> tuple[np.ndarray, int]:
-    """Count the tokens first (the cap bounds the encoder's time), then encode."""
-    counter = getattr(state.encoder, "count_tokens", None)
-    tokens = sum(counter(texts)) if counter is not None else 0
+    """Count the tokens first (the cap bounds the encoder's time), then encode (the caller
+    checked that the bundle has an encoder)."""
+    assert state.encoder is not None
+    tokens = sum(state.encoder.count_tokens(texts))
     if tokens > max_tokens:
         raise TooManyTokensError(
             f"input: {len(texts)} texts hold {tokens} tokens; at most {max_tokens} per request "

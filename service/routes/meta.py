@@ -28,7 +28,7 @@ async def healthz() -> Health:
 async def readyz(state: StateDep, request: Request) -> Readiness:
     return Readiness(
         status="ready", bundle_version=state.version, backend=state.engine.name, num_docs=state.num_docs,
-        **status_body(getattr(request.app.state, "rollout", None), state),
+        **status_body(request.app.state.rollout, state),
     )
 
 

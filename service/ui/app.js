@@ -7,7 +7,7 @@
   const BASE = new URL(".", window.location.href);
   const DEBOUNCE_MS = 150;
   const TEXT_CHARS = 280;
-  // Registry names (service/registry/schema.py NAME_RE): what "save as operating point" accepts.
+  // Registry names (service/tuning/schema.py NAME_RE): what "save as operating point" accepts.
   const NAME_RE = /^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$/;
   const PLAIN_KEY = /^[A-Za-z_][A-Za-z0-9_]*$/;
 
@@ -175,7 +175,7 @@
     const description = `saved from the playground (bundle ${served.version})`;
     return [
       "# Add under operating_points: in the registry file (ESP_REGISTRY); check it before it ships:",
-      "#   python -m service.registry check registry.yaml --bundle DIR",
+      "#   python -m service.tuning check registry.yaml --bundle DIR",
       "operating_points:",
       `  ${name}:`,
       `    description: ${JSON.stringify(description)}`,

@@ -16,8 +16,8 @@ import yaml
 from deploy.chart import CHART_DIR, documents, is_hook, render, scenario_values, scenarios
 from esp_cli import fetch_bundle
 from service.engine import AUTO_ORDER
-from service.registry.loader import parse_text
-from service.registry.model import Registry
+from service.tuning.loader import parse_text
+from service.tuning.model import Registry
 from subspace.layout import SubspaceLayout
 from tests.deploy.support import DASHBOARD_FILES, KUBE_VERSIONS, RULES_FILE, validate_object
 

@@ -16,7 +16,7 @@ import esp_client.models as sdk
 import service.routes.cluster as cluster_route
 import service.routes.documents as documents_route
 import service.routes.embeddings as embeddings_route
-import service.routes.registry as registry_route
+import service.routes.tuning as registry_route
 import service.schemas as server
 
 PAIRS = [

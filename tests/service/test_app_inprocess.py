@@ -67,9 +67,9 @@ def test_full_queue_answers_429_with_retry_after_then_recovers(small_bundle: Pat
             transport = httpx.ASGITransport(app=app)
             async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
                 first = asyncio.create_task(c.post("/v1/search", json=body))
-                await until(lambda: bool(app.state.batcher._inflight))  # the worker holds it
+                await until(lambda: bool(app.state.search.batcher._inflight))  # the worker holds it
                 second = asyncio.create_task(c.post("/v1/search", json=body))
-                await until(lambda: app.state.batcher.depth == 2)  # the queue is full
+                await until(lambda: app.state.search.batcher.depth == 2)  # the queue is full
                 third = await c.post("/v1/search", json=body)
                 gated.gate.set()
                 return [await first, await second, third, await c.post("/v1/search", json=body)]

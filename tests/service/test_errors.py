@@ -47,3 +47,17 @@ def test_the_response_carries_message_field_and_headers() -> None:
     assert errors.error_response(errors.UnauthorizedError("no token")).headers["www-authenticate"] == "Bearer"
     assert "retry-after" not in errors.error_response(errors.NotReadyError("shutting down")).headers
     assert errors.error_response(errors.NotReadyError("loading", retry_after=1)).headers["retry-after"] == "1"
+
+
+def test_every_status_answered_below_the_app_has_its_own_kind_in_the_one_table() -> None:
+    """408 and 431 (the HTTP protocol's) are kinds of the table with their own status, not
+    ``bad_request`` (400); the writer below the app takes the status from the table."""
+    from service.errors import STATUS, ErrorKind, encoded_error, kind_for_status
+
+    for status in (400, 408, 413, 429, 431, 503):
+        kind = kind_for_status(status)
+        assert STATUS[kind] == status
+        code, headers, payload = encoded_error(kind, "m", close=True)
+        assert code == status and (b"connection", b"close") in headers
+        assert json.loads(payload) == {"type": kind.value, "message": "m", "field": None}
+    assert kind_for_status(431) is ErrorKind.HEADERS_TOO_LARGE and kind_for_status(408) is ErrorKind.REQUEST_TIMEOUT

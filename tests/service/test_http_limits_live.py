@@ -64,17 +64,20 @@ def test_too_many_header_fields_are_431(limited: LiveServer) -> None:
     fields = b"".join(b"X-F%d: 1\r\n" % i for i in range(80))
     answer = _exchange(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\n" + fields + b"\r\n")
     assert _status(answer) == 431 and b"more than 50 header fields" in answer
+    assert b'"type": "request_header_fields_too_large"' in answer  # the kind of its status (one table)
 
 
 def test_headers_never_completed_get_408_and_a_close(limited: LiveServer) -> None:
     answer = _exchange(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\n")  # the blank line never comes
     assert _status(answer) == 408 and b"headers not received" in answer
+    assert b'"type": "request_timeout"' in answer
 
 
 def test_a_body_shorter_than_its_content_length_gets_408(limited: LiveServer) -> None:
     head = b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n"
     answer = _exchange(limited, head + b'{"queries"')
     assert _status(answer) == 408 and b"request body not received" in answer
+    assert b'"type": "request_timeout"' in answer
 
 
 def test_a_second_request_whose_headers_stall_gets_408(limited: LiveServer) -> None:

@@ -32,7 +32,7 @@ def traced(tiny_bundle: Path) -> tuple[TestClient, InMemorySpanExporter]:
     settings = Settings(bundle=tiny_bundle, backend="numpy", threads=1, tracing=True)
     exporter = InMemorySpanExporter()
     app = create_app(settings)
-    app.state.tracing = Tracing.from_settings(settings, exporter=exporter)
+    app.state.search.tracing = Tracing.from_settings(settings, exporter=exporter)
     with TestClient(app) as client:
         _ready(client)
         yield client, exporter

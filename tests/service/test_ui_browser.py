@@ -25,7 +25,7 @@ import pytest
 import yaml
 
 from bench.live_server import LiveServer, start_server
-from service.registry import Registry
+from service.tuning import Registry
 from subspace.atomic import atomic_write_bytes
 from subspace.bundle import read_bundle
 from tests.browser import Visit, require_chromium

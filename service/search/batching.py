@@ -24,7 +24,7 @@ would take longer than the budget at the measured engine throughput (seconds per
 recent batches), and ``Retry-After`` is the time that queue needs to drain at that rate; so what
 is admitted is answered in about the budget instead of waiting seconds behind work that cannot
 finish in any useful time. The time the request already waited counts too: since it reached the
-server (:data:`service.admission.ARRIVED`, its headers' time stamp less the event loop's lag). At
+server (its :class:`~service.search.admission.Arrival`: its headers' time stamp less the event loop's lag). At
 dequeue, a request none of whose slices ran yet and that has waited longer than the budget is
 answered 429 instead of being run (Controlled Delay: a forecast that turned out wrong, a reload
 that slowed the engine, must not turn into admitted answers seconds late).
@@ -57,9 +57,9 @@ from typing import Any
 
 import numpy as np
 
-from service.admission import ARRIVED, SLICES, LoopLag
 from service.errors import ClientClosedError, NotReadyError, OverloadedError
 from service.metrics import Metrics
+from service.search.wait import Arrival, LoopLag
 from service.state import ServingState
 from subspace.scoring import normalize_blocks
 
@@ -105,7 +105,7 @@ class Request:
     #: (stage, start ns, end ns, attributes) of its batches, wall clock, when traced (service.tracing)
     stages: list[tuple[str, int, int, dict[str, Any]]] | None = None
     queued_ns: int = 0
-    #: ``time.monotonic()`` when it reached the server (:data:`service.admission.ARRIVED`), if known
+    #: ``time.monotonic()`` when it reached the server (its admission ``Arrival``), if known
     arrived: float | None = None
     started: bool = False  # a slice was taken into a batch
 
@@ -265,7 +265,7 @@ class MicroBatcher:
         self._batches: deque[tuple[float, int, float]] = deque(maxlen=_RATE_BATCHES)  # (end, nq, seconds)
         self._rate: tuple[float, float | None] | None = None  # (valid until, seconds per query), cached
         self._sizes: deque[int] = deque(maxlen=_SIZES)
-        self.lag = LoopLag()  # the event loop's lag (service.admission), started with the batcher
+        self.lag = LoopLag()  # the event loop's lag (service.search.wait), started with the batcher
         self.dropped = 0  # queries dropped because their client went away
         self.shed = 0  # requests answered 429 at dequeue: they had waited past the budget
         metrics.queue_capacity.set(queue_size)
@@ -346,7 +346,7 @@ class MicroBatcher:
         receive: Receive | None = None,
         *,
         stages: list[tuple[str, int, int, dict[str, Any]]] | None = None,
-        arrived: float | None = None,
+        arrival: Arrival | None = None,
     ) -> list[QueryHits]:
         """Queue the queries; return one :class:`QueryHits` per query, in order.
 
@@ -355,14 +355,14 @@ class MicroBatcher:
         batcher is stopping, and :class:`ClientClosedError` when ``receive`` (the request's
         ASGI receive) reports a disconnect while they wait. ``stages``: a list that receives the
         wall-clock times of queue wait, encode and engine of the batches that serve these
-        queries (:mod:`service.tracing`), or None. ``arrived``: ``time.monotonic()`` when the
-        request reached the server (default :data:`service.admission.ARRIVED`, which the
-        admission middleware sets); its wait since counts against the budget.
+        queries (:mod:`service.tracing`), or None. ``arrival``: when the request reached the
+        server (:class:`service.search.admission.Arrival`, made by the admission middleware);
+        its wait since counts against the budget, and it learns how many slices it was queued as.
         """
         if self._closed or self._task is None:
             raise NotReadyError("the service is shutting down")
         n = len(queries)
-        arrived = ARRIVED.get() if arrived is None else arrived
+        arrived = arrival.at if arrival is not None else None
         self._admit(n, arrived)
         self._sizes.append(n)
         waits = bool(self._queue or self._inflight)
@@ -375,7 +375,8 @@ class MicroBatcher:
         for off in range(0, n, step):
             req.slices.append(Job(state, queries[off : off + step], block_weights, k, req, off))
         req.open_slices = len(req.slices)
-        SLICES.set(req.open_slices)  # for the admission middleware's measure of this request
+        if arrival is not None:  # for the admission middleware's measure of this request
+            arrival.slices = req.open_slices
         self._queue.append(req)
         self._arrivals.append(time.monotonic())
         self._depth += n

@@ -1,6 +1,6 @@
 """``POST /v1/search`` in-process: bodies, error bodies, metrics, ``in_experiment``, overrides.
 
-The live-server tests (``test_search_live``, ``test_errors_live``) cover the ranking and every
+The live-server tests (``test_route_live``, ``test_errors_live``) cover the ranking and every
 documented validation error; these cover what they do not: how the route answers non-JSON and
 empty bodies, what it counts, an unexpected error, and the JSON codec it parses with.
 """
@@ -19,9 +19,10 @@ from fastapi.testclient import TestClient
 
 from service.app import create_app
 from service.config import Settings
-from service.routes import deps
-from service.routes import search as search_route
 from service.schemas import SearchRequest
+from service.search import codec
+from service.search import pipeline as deps
+from service.search import route as search_route
 from subspace.bundle import write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
@@ -195,13 +196,13 @@ def test_the_schema_documents_in_experiment(client: TestClient) -> None:
     [b'{"a": 1.5, "b": [1, -0.0, 1e400]}', b'{"a":"\\ud800"}', b'\xef\xbb\xbf{"a": 1}', b'{"a": NaN}'],
 )
 def test_the_body_codec_accepts_what_json_loads_accepts(raw: bytes) -> None:
-    assert repr(search_route._loads(raw)) == repr(json.loads(raw))
+    assert repr(codec._loads(raw)) == repr(json.loads(raw))
 
 
 @pytest.mark.parametrize("raw", [b'{"a": 1}x', b"[1,]", b'{"a": "x\ty"}'])
 def test_the_body_codec_refuses_with_json_loads_messages(raw: bytes) -> None:
     with pytest.raises(json.JSONDecodeError) as got:
-        search_route._loads(raw)
+        codec._loads(raw)
     with pytest.raises(json.JSONDecodeError) as want:
         json.loads(raw)
     assert str(got.value) == str(want.value)
@@ -211,7 +212,7 @@ def test_a_valid_body_calls_the_endpoint_directly_and_answers_as_fastapi_would(
     app: FastAPI, client: TestClient
 ) -> None:
     route = next(r for r in app.routes if getattr(r, "path", None) == "/v1/search")
-    direct = search_route._DirectCall.of(route.dependant)
+    direct = codec._DirectCall.of(route.dependant)
     assert direct is not None
     assert direct.body_name == "body" and [c for _, c in direct.dependencies] == [deps.search_context]
     body = _body(weights={"semantic": 0.3, "entity": 1.0})
@@ -235,12 +236,12 @@ def test_a_route_that_needs_more_than_a_body_and_the_request_is_solved_by_fastap
 
     async def endpoint(body: SearchRequest, q: int = 0) -> None: ...
 
-    probe.router.add_api_route("/p", endpoint, methods=["POST"], route_class_override=search_route.PydanticJSONRoute)
+    probe.router.add_api_route("/p", endpoint, methods=["POST"], route_class_override=codec.PydanticJSONRoute)
     route = probe.routes[-1]
-    assert search_route._DirectCall.of(route.dependant) is None  # a query parameter
+    assert codec._DirectCall.of(route.dependant) is None  # a query parameter
 
     async def returns_content(body: SearchRequest) -> dict[str, Any]:
         return {}
 
-    probe.router.add_api_route("/d", returns_content, methods=["POST"], route_class_override=search_route.PydanticJSONRoute)
-    assert search_route._DirectCall.of(probe.routes[-1].dependant) is None  # FastAPI serialises its result
+    probe.router.add_api_route("/d", returns_content, methods=["POST"], route_class_override=codec.PydanticJSONRoute)
+    assert codec._DirectCall.of(probe.routes[-1].dependant) is None  # FastAPI serialises its result

@@ -1,5 +1,5 @@
 """Admission by expected wait, batch-sized slices served round-robin, and dropping the queued work
-of a client that went away (service.batching)."""
+of a client that went away (service.search.batching)."""
 
 from __future__ import annotations
 
@@ -16,7 +16,15 @@ import pytest
 
 from service.errors import STATUS, ClientClosedError, OverloadedError, error_headers, error_kind
 from service.metrics import Metrics
-from tests.service.test_batching import _batcher, _state, _vectors
+from service.search.wait import Arrival
+from tests.service.search.test_batching import _batcher, _state, _vectors
+
+
+def _pipeline(batcher: Any, max_inflight_searches: int | None = None) -> Any:
+    """What the admission middleware reads of the search pipeline: its batcher and settings."""
+    from types import SimpleNamespace
+
+    return SimpleNamespace(batcher=batcher, settings=SimpleNamespace(max_inflight_searches=max_inflight_searches))
 
 
 async def _hold(b: Any, state: Any) -> asyncio.Task[Any]:
@@ -125,16 +133,19 @@ def test_queued_work_of_a_disconnected_client_is_dropped(tmp_path: Path) -> None
 
 
 def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body_is_read() -> None:
-    from types import SimpleNamespace
-
     from service.http_limits import RECEIVED
-    from service.middleware import AdmissionMiddleware
+    from service.search.admission import AdmissionMiddleware
+    from service.search.wait import LoopLag
 
     class Batcher:
-        latency_budget = 0.25
+        latency_budget, max_batch, queue_size = 0.25, 64, 1024
+        lag = LoopLag()  # not started: no lag
 
         def expected_wait(self, n: int, now: float | None = None) -> float:
             return 0.05 * n
+
+        def seconds_per_request(self, now: float | None = None) -> float | None:
+            return None
 
     reached: list[str] = []
 
@@ -152,10 +163,9 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
 
         scope = {
             "type": "http", "method": "POST", "path": path, "headers": [],
-            "app": SimpleNamespace(state=SimpleNamespace(batcher=Batcher())),
             RECEIVED: time.monotonic() - waited,
         }
-        await AdmissionMiddleware(app)(scope, receive, send)
+        await AdmissionMiddleware(app, _pipeline(Batcher()))(scope, receive, send)
         return sent
 
     late = asyncio.run(run(waited=0.3))
@@ -168,7 +178,8 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
 def test_the_app_admits_searches_by_wait_before_reading_them() -> None:
     from service.app import create_app
     from service.config import Settings
-    from service.middleware import AdmissionMiddleware, BodyLimitMiddleware
+    from service.middleware import BodyLimitMiddleware
+    from service.search.admission import AdmissionMiddleware
 
     stack = [m.cls for m in create_app(Settings()).user_middleware]
     assert AdmissionMiddleware in stack
@@ -182,7 +193,7 @@ def test_a_queued_request_that_waited_out_the_budget_is_shed_at_dequeue_not_run(
         b = _batcher(Metrics(), max_wait_ms=0, queue_size=100, latency_budget_ms=20.0)
         await b.start()
         busy = await _hold(b, state)  # nothing measured yet: the next one is admitted (no forecast)
-        late = asyncio.create_task(b.submit(state, _vectors(2, 1), np.ones(2), 3, arrived=time.monotonic()))
+        late = asyncio.create_task(b.submit(state, _vectors(2, 1), np.ones(2), 3, arrival=Arrival(time.monotonic())))
         await asyncio.sleep(0.01)
         assert b.depth == 2
         while time.monotonic() - late_arrival(b) <= 0.02:  # until it has waited out the 20 ms budget
@@ -194,7 +205,7 @@ def test_a_queued_request_that_waited_out_the_budget_is_shed_at_dequeue_not_run(
         assert error_headers(err.value)["Retry-After"] == "1"
         await busy
         assert b.depth == 0 and b.shed == 1
-        fresh = await b.submit(state, _vectors(1, 2), np.ones(2), 3, arrived=time.monotonic())  # idle: runs
+        fresh = await b.submit(state, _vectors(1, 2), np.ones(2), 3, arrival=Arrival(time.monotonic()))  # idle: runs
         assert len(fresh) == 1
         await b.stop()
 
@@ -216,9 +227,9 @@ def test_the_wait_since_arrival_counts_against_the_budget_at_submit(tmp_path: Pa
         b._batches.extend([(now, 10, 0.01), (now, 10, 0.01)])  # measured: 1 ms per query
         busy = await _hold(b, state)
         with pytest.raises(OverloadedError) as err:  # 2 ms of queue, but it arrived 60 ms ago
-            await b.submit(state, _vectors(1, 1), np.ones(2), 1, arrived=time.monotonic() - 0.06)
+            await b.submit(state, _vectors(1, 1), np.ones(2), 1, arrival=Arrival(time.monotonic() - 0.06))
         assert "ms waited" in err.value.message
-        ok = asyncio.create_task(b.submit(state, _vectors(1, 2), np.ones(2), 1, arrived=time.monotonic()))
+        ok = asyncio.create_task(b.submit(state, _vectors(1, 2), np.ones(2), 1, arrival=Arrival(time.monotonic())))
         state.engine.gate.set()  # type: ignore[attr-defined]
         await asyncio.gather(busy, ok)
         await b.stop()
@@ -227,7 +238,7 @@ def test_the_wait_since_arrival_counts_against_the_budget_at_submit(tmp_path: Pa
 
 
 def test_the_loop_lag_is_how_late_the_loop_runs_a_callback_that_was_due() -> None:
-    from service.admission import LoopLag
+    from service.search.wait import LoopLag
 
     async def run() -> tuple[float, float, float]:
         lag = LoopLag(interval=0.005)
@@ -249,7 +260,7 @@ def test_the_loop_lag_is_how_late_the_loop_runs_a_callback_that_was_due() -> Non
 
 
 def test_a_restarted_loop_lag_forgets_a_pause_made_on_purpose() -> None:
-    from service.admission import LoopLag
+    from service.search.wait import LoopLag
 
     async def run() -> tuple[float, float]:
         lag = LoopLag(interval=0.005)
@@ -268,7 +279,7 @@ def test_a_restarted_loop_lag_forgets_a_pause_made_on_purpose() -> None:
 
 
 def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it_refuses() -> None:
-    from service.admission import LIMIT_BACKOFF, LIMIT_WINDOW, AdaptiveLimit
+    from service.search.admission import LIMIT_BACKOFF, LIMIT_WINDOW, AdaptiveLimit
 
     step = LIMIT_WINDOW * 1.01  # a little over a window: no float edge
     limit = AdaptiveLimit(objective=0.02, initial=10, ceiling=64)
@@ -298,17 +309,15 @@ def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it
 
 
 def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
-    from types import SimpleNamespace
-
-    from service.admission import LoopLag
     from service.http_limits import RECEIVED
-    from service.middleware import AdmissionMiddleware
+    from service.search.admission import AdmissionMiddleware
+    from service.search.wait import LoopLag
 
     lag = LoopLag()
     lag._due = time.monotonic() + 3600  # started, next callback not due: the lag is the last one
 
     class Batcher:
-        latency_budget = 0.25
+        latency_budget, max_batch, queue_size = 0.25, 64, 1024
 
         def __init__(self) -> None:
             self.lag = lag
@@ -320,9 +329,9 @@ def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
             return None
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        from service.admission import ARRIVED
+        from service.search.wait import ARRIVAL
 
-        arrived.append(ARRIVED.get())
+        arrived.append(scope[ARRIVAL].at)
 
     arrived: list[float | None] = []
 
@@ -334,10 +343,9 @@ def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
 
         scope = {
             "type": "http", "method": "POST", "path": "/v1/search", "headers": [],
-            "app": SimpleNamespace(state=SimpleNamespace(batcher=Batcher(), settings=None)),
             RECEIVED: time.monotonic(),
         }
-        await AdmissionMiddleware(app)(scope, receive=None, send=send)  # type: ignore[arg-type]
+        await AdmissionMiddleware(app, _pipeline(Batcher()))(scope, receive=None, send=send)  # type: ignore[arg-type]
         return sent
 
     lag.last = 0.3  # its bytes waited about 300 ms in the socket before the loop read them
@@ -395,19 +403,18 @@ def test_past_the_inflight_limit_a_search_gets_429_with_retry_after_on_a_live_se
 
 
 def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_queries(tmp_path: Path) -> None:
-    from types import SimpleNamespace
-
-    from service.admission import ARRIVED, LIMIT_WINDOW, SLICES, LoopLag
-    from service.middleware import AdmissionMiddleware
+    from service.search.admission import LIMIT_WINDOW, AdmissionMiddleware
+    from service.search.wait import ARRIVAL, LoopLag
 
     state = _state(tmp_path)
 
     async def sliced() -> int:  # the batcher says how many slices a request was queued as
         b = _batcher(Metrics(), max_batch=64, max_wait_ms=0, queue_size=1000)
         await b.start()
-        await b.submit(state, _vectors(130, 0), np.ones(2), 1)
+        arrival = Arrival(time.monotonic())
+        await b.submit(state, _vectors(130, 0), np.ones(2), 1, arrival=arrival)
         await b.stop()
-        return SLICES.get()
+        return arrival.slices
 
     assert asyncio.run(sliced()) == 3
 
@@ -423,17 +430,14 @@ def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_que
 
     def answered_in_one_second(slices: int) -> Any:
         async def app(scope: Any, receive: Any, send: Any) -> None:
-            SLICES.set(slices)
-            ARRIVED.set((ARRIVED.get() or 0.0) - 1.0)  # as if it had arrived a second ago
+            scope[ARRIVAL].slices = slices
+            scope[ARRIVAL].at -= 1.0  # as if it had arrived a second ago
 
         return app
 
     async def run(slices: int) -> int:
-        middleware = AdmissionMiddleware(answered_in_one_second(slices))
-        scope = {
-            "type": "http", "method": "POST", "path": "/v1/search", "headers": [],
-            "app": SimpleNamespace(state=SimpleNamespace(batcher=Batcher(), settings=None)),
-        }
+        middleware = AdmissionMiddleware(answered_in_one_second(slices), _pipeline(Batcher()))
+        scope = {"type": "http", "method": "POST", "path": "/v1/search", "headers": []}
         for _ in range(2):  # the second answer, a window later, closes the window
             await middleware(scope, None, None)  # type: ignore[arg-type]
             await asyncio.sleep(LIMIT_WINDOW * 1.1)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from service.metrics import Metrics
-from service.registry import RegistryError, RegistryWatcher
+from service.tuning import RegistryError, RegistryWatcher
 from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout
 

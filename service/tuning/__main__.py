@@ -1,8 +1,8 @@
 """Check a registry file before it ships, or look up arms offline.
 
-    python -m service.registry check registry.yaml --bundle artifacts/bundle
-    python -m service.registry check registry.yaml --layout semantic=256,entity=96,intent=32
-    python -m service.registry assign registry.yaml EXPERIMENT UNIT_ID... --bundle artifacts/bundle
+    python -m service.tuning check registry.yaml --bundle artifacts/bundle
+    python -m service.tuning check registry.yaml --layout semantic=256,entity=96,intent=32
+    python -m service.tuning assign registry.yaml EXPERIMENT UNIT_ID... --bundle artifacts/bundle
 
 ``check`` validates exactly as the service does (against the bundle's layout and manifest
 operating points) and prints a summary; exit status 1 and the error naming the field when
@@ -17,8 +17,8 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from service.registry.errors import RegistryError
-from service.registry.model import Registry
+from service.tuning.errors import RegistryError
+from service.tuning.model import Registry
 from subspace.layout import LayoutError, SubspaceLayout
 
 
@@ -31,7 +31,7 @@ def _layout_arg(text: str) -> SubspaceLayout:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m service.registry", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m service.tuning", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     for name in ("check", "assign"):

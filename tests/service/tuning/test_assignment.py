@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from service.registry import Registry
-from service.registry.assignment import bucket, pick, traffic_bucket
+from service.tuning import Registry
+from service.tuning.assignment import bucket, pick, traffic_bucket
 from subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
@@ -48,7 +48,7 @@ def _units(n: int = N_UNITS) -> list[str]:
 
 _CHILD = """
 import json, sys
-from service.registry import Registry
+from service.tuning import Registry
 from subspace.layout import SubspaceLayout
 layout = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 reg = Registry.parse(json.loads(sys.argv[1]), layout)

@@ -38,9 +38,9 @@ from typing import Any
 
 from service.metrics import Metrics
 from service.polling import Poller
-from service.registry.errors import RegistryError
-from service.registry.loader import decode
-from service.registry.model import Registry
+from service.tuning.errors import RegistryError
+from service.tuning.loader import decode
+from service.tuning.model import Registry
 from subspace.bundle import Bundle
 from subspace.layout import SubspaceLayout
 

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from service.registry.errors import RegistryError
+from service.tuning.errors import RegistryError
 
 
 class _UniqueKeyLoader(yaml.SafeLoader):

@@ -15,7 +15,7 @@ from service.app import create_app
 from service.config import Settings
 from service.routes.ui import ASSETS, UI_DIR
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

@@ -11,10 +11,10 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.batching import MicroBatcher, QueryInput
 from service.engine import create_engine
 from service.errors import STATUS, NotReadyError, OverloadedError, error_headers, error_kind
 from service.metrics import Metrics
+from service.search.batching import MicroBatcher, QueryInput
 from service.state import ServingState
 from subspace.bundle import read_bundle, write_bundle
 from subspace.layout import SubspaceLayout

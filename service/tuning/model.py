@@ -31,10 +31,10 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from service.errors import NotReadyError
-from service.registry.assignment import bucket, pick, traffic_bucket
-from service.registry.errors import RegistryError
-from service.registry.loader import load_document
-from service.registry.schema import PointSpec, validate_bundle_points, validate_file
+from service.tuning.assignment import bucket, pick, traffic_bucket
+from service.tuning.errors import RegistryError
+from service.tuning.loader import load_document
+from service.tuning.schema import PointSpec, validate_bundle_points, validate_file
 from subspace.layout import SubspaceLayout
 from subspace.weights import WeightError, resolve_block_weights, weights_dict
 

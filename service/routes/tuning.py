@@ -19,7 +19,7 @@ from fastapi import APIRouter, Path, Query, Request
 from pydantic import BaseModel, Field
 
 from service.errors import NotFoundError, NotReadyError
-from service.registry import Registry, RegistryWatcher
+from service.tuning import Registry, RegistryWatcher
 
 router = APIRouter(tags=["registry"])
 
@@ -72,7 +72,7 @@ class AssignmentOut(BaseModel):
 
 
 def _registry(request: Request) -> Registry:
-    watcher: RegistryWatcher | None = getattr(request.app.state, "registry", None)
+    watcher: RegistryWatcher | None = request.app.state.registry
     if watcher is None:
         raise NotReadyError("the operating-point registry is not loaded yet")
     return watcher.current

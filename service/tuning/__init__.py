@@ -12,12 +12,12 @@
 
 Imports point one way: errors <- loader, schema <- model <- watcher.
 
-``python -m service.registry check FILE --bundle DIR`` validates a file before it ships.
+``python -m service.tuning check FILE --bundle DIR`` validates a file before it ships.
 """
 
-from service.registry.errors import RegistryError
-from service.registry.model import Arm, Assignment, Experiment, OperatingPoint, Registry, Resolved
-from service.registry.watcher import RegistryWatcher
+from service.tuning.errors import RegistryError
+from service.tuning.model import Arm, Assignment, Experiment, OperatingPoint, Registry, Resolved
+from service.tuning.watcher import RegistryWatcher
 
 __all__ = [
     "Arm",

@@ -1,5 +1,5 @@
 """The micro-batch normalises request vectors per block, in float64, without overflow
-(``normalize_blocks(..., prescale=True)``, as service.batching calls it)."""
+(``normalize_blocks(..., prescale=True)``, as service.search.batching calls it)."""
 
 from __future__ import annotations
 

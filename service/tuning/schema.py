@@ -30,7 +30,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from service.registry.errors import RegistryError
+from service.tuning.errors import RegistryError
 from subspace.layout import SubspaceLayout
 
 #: Names become metric label values and URL path segments: keep them short and plain.

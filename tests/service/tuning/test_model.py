@@ -12,13 +12,13 @@ import numpy as np
 import pytest
 
 from service.errors import NotReadyError
-from service.registry import Registry, RegistryError
+from service.tuning import Registry, RegistryError
 from subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims(
     {"semantic": 16, "entity": 8, "intent": 8}, default_weights={"semantic": 1.0, "entity": 0.5, "intent": 0.25}
 )
-EXAMPLE = Path(__file__).resolve().parents[2] / "configs" / "registry.example.yaml"
+EXAMPLE = Path(__file__).resolve().parents[3] / "configs" / "registry.example.yaml"
 
 DOC: dict[str, Any] = {
     "version": 1,
@@ -346,7 +346,7 @@ def test_public_experiment_view_hides_the_salt(reg: Registry) -> None:
 
 
 def test_check_command_validates_like_the_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from service.registry.__main__ import main
+    from service.tuning.__main__ import main
 
     demo = "semantic=256,entity=96,intent=32"
     assert main(["check", str(EXAMPLE), "--layout", demo]) == 0

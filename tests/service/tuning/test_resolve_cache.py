@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from service.errors import NotReadyError
-from service.registry import Registry
+from service.tuning import Registry
 from subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims(

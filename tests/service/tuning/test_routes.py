@@ -12,8 +12,8 @@ from fastapi.testclient import TestClient
 
 from service.errors import error_response
 from service.metrics import Metrics
-from service.registry import RegistryWatcher
-from service.routes.registry import router
+from service.routes.tuning import router
+from service.tuning import RegistryWatcher
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
@@ -44,8 +44,7 @@ def _app(watcher: RegistryWatcher | None) -> FastAPI:
         return error_response(exc)
 
     app.include_router(router)
-    if watcher is not None:
-        app.state.registry = watcher
+    app.state.registry = watcher  # as create_app does: None until the lifespan starts one
     return app
 
 

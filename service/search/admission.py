@@ -1,0 +1,211 @@
+"""What admission can see of a search's wait beyond the micro-batcher's queue.
+
+Admission keys on the served latency objective, ``ESP_LATENCY_BUDGET_MS``: a search is refused
+(429, ``Retry-After``) when its answer would come later than that. The micro-batcher forecasts
+the engine's share (:meth:`service.search.batching.MicroBatcher.expected_wait`); two more parts of a
+request's wait happen where the batcher cannot see them, and this module measures them:
+
+- the event loop's lag (:class:`~service.search.wait.LoopLag`): bytes a client sent wait in the
+  socket until the loop reads them; while the loop is busy (a burst to parse, a reload holding
+  the interpreter) that wait is about the lag, and the request's own time stamp (when its
+  headers were parsed, :data:`service.http_limits.RECEIVED`) misses it. The admission check adds it.
+- the search's :class:`~service.search.wait.Arrival`: its headers' stamp minus the lag, made by
+  :class:`AdmissionMiddleware` and handed to the route in the request's scope, which passes it
+  to the micro-batcher, so the batcher can shed, at dequeue, a request that has already waited
+  out the budget (Controlled Delay: work that can only be late is answered 429 instead of run).
+
+And it bounds the searches in progress: :class:`AdaptiveLimit`, an in-flight limit adapted to the
+objective from the latency the server measures of the searches it answers (AIMD, as TCP's window
+or Netflix's concurrency-limits), or the fixed ``ESP_MAX_INFLIGHT_SEARCHES``. A forecast sees the
+engine's queue; the measured latency also sees what no forecast models: the event loop's hops
+between parsing, the batch and the answer, and an engine that shares its core with them.
+
+:class:`AdmissionMiddleware` applies all of it before a search's body is read. Its parts reach it
+explicitly: the :class:`service.search.pipeline.SearchPipeline` it is built with.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import TYPE_CHECKING
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from service.errors import ErrorKind, send_error
+from service.http_limits import RECEIVED
+from service.search.wait import ARRIVAL, Arrival
+
+if TYPE_CHECKING:
+    from service.search.batching import MicroBatcher
+    from service.search.pipeline import SearchPipeline
+
+#: The adaptive limit's window (seconds): it changes at most once per window.
+LIMIT_WINDOW = 0.1
+#: The least it shrinks by after a window in which a search answered later than the objective.
+LIMIT_BACKOFF = 0.8
+
+
+class AdaptiveLimit:
+    """Searches that may be in progress at once, adapted to the latency objective (a gradient
+    limit, as Netflix's concurrency-limits or Envoy's adaptive concurrency).
+
+    Over each window of :data:`LIMIT_WINDOW` seconds the slowest answer ``m`` (from a search's
+    estimated arrival to its answer, per batch-sized slice of its queries: a search of 256
+    queries is not late for taking longer than a search of one) is kept; at the window's end,
+    with ``L`` the limit in force and ``objective / m`` the headroom (latency grows about in
+    proportion to the searches in progress, so ``L * objective / m`` is the most that would still
+    be on time):
+
+    - some answer was late (``m > objective``): the limit shrinks to that, and by at least
+      :data:`LIMIT_BACKOFF` (never below 1);
+    - none was, and the limit refused a search in the window: it grows to that, at most doubling
+      and up to ``ceiling``; the fractional part carries over, so a limit with too little headroom
+      for one more stays where it is.
+
+    So it settles where the server still answers within the objective, and moves when the
+    engine's speed or the load changes (a reload, a neighbour on the core). Deterministic given
+    the calls: time is passed in.
+    """
+
+    def __init__(self, objective: float, initial: int, ceiling: int) -> None:
+        self.objective = objective
+        self.ceiling = max(1, ceiling)
+        self._limit = float(min(max(1, initial), self.ceiling))
+        self._window_start: float | None = None
+        self._slowest = 0.0
+        self._refused = False
+
+    @property
+    def limit(self) -> int:
+        return max(1, int(self._limit))
+
+    def refused(self) -> None:
+        """The limit refused a search: more would have come."""
+        self._refused = True
+
+    def answered(self, latency: float, now: float) -> None:
+        """A search admitted under the limit was answered after ``latency`` seconds."""
+        if self._window_start is None:
+            self._window_start = now
+        self._slowest = max(self._slowest, latency)
+        if now - self._window_start < LIMIT_WINDOW:
+            return
+        in_force = self.limit
+        fits = in_force * self.objective / max(self._slowest, 1e-9)  # on time at this many, roughly
+        if self._slowest > self.objective:
+            self._limit = max(1.0, min(self._limit * LIMIT_BACKOFF, fits))
+        elif self._refused:
+            self._limit = min(float(self.ceiling), max(self._limit, min(2.0 * in_force, fits)))
+        self._window_start, self._slowest, self._refused = now, 0.0, False
+
+
+class AdmissionMiddleware:
+    """Early 429 for ``POST /v1/search`` when its answer would come after the latency objective
+    (``ESP_LATENCY_BUDGET_MS``), or when too many searches are in progress.
+
+    Before the body is read or parsed (the cheap way to refuse, so a saturated event loop sheds
+    load instead of parsing work it will refuse), a search is refused when
+
+    - the searches in progress (admitted here, not yet answered) reach the in-flight limit:
+      ``ESP_MAX_INFLIGHT_SEARCHES`` when set, else adapted to the latency objective from the
+      latency measured of the searches answered (:class:`AdaptiveLimit`); or
+    - the event loop's lag (:class:`LoopLag`: about how long its bytes waited
+      in the socket before the server read them), plus the time since its headers were complete
+      (the scope stamp of :mod:`service.http_limits`), plus the micro-batcher's expected wait for
+      one more query (:meth:`service.search.batching.MicroBatcher.expected_wait`) exceed the budget.
+
+    ``Retry-After`` is the queue's (or the in-flight searches') drain time at the measured rate,
+    at least 1 s. An admitted search carries its estimated arrival (its :class:`Arrival`, in
+    the scope under :data:`ARRIVAL`), so the
+    micro-batcher can shed it at dequeue if it waits out the budget.
+
+    ``pipeline``: the search wing's parts; its batcher is None before start-up (nothing to admit
+    against yet: every request passes).
+    """
+
+    def __init__(self, app: ASGIApp, pipeline: SearchPipeline, path: str = "/v1/search") -> None:
+        self.app = app
+        self.pipeline = pipeline
+        self.path = path
+        self.inflight = 0  # searches admitted here and not yet answered
+        self.adaptive: AdaptiveLimit | None = None  # made at the first search (it needs the budget)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if not (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == self.path):
+            await self.app(scope, receive, send)
+            return
+        batcher = self.pipeline.batcher
+        if batcher is None:
+            await self.app(scope, receive, send)
+            return
+        now = time.monotonic()
+        received = scope.get(RECEIVED)
+        lag = batcher.lag
+        arrival = Arrival((received if isinstance(received, float) else now) - lag.lag(now))
+        refusal = self._refusal(batcher, now, now - arrival.at)
+        if refusal is not None:
+            message, retry_after = refusal
+            await send_error(
+                send, ErrorKind.OVERLOADED, message,
+                headers=[(b"retry-after", str(max(1, math.ceil(retry_after))).encode())],
+            )
+            return
+        self.inflight += 1
+        scope[ARRIVAL] = arrival
+
+        async def timed_receive() -> Message:
+            """The time spent waiting for the client's body is the client's, not a wait for the
+            server: it moves the arrival on (a body sent with its headers costs nothing)."""
+            t0 = time.monotonic()
+            message = await receive()
+            if message["type"] == "http.request":
+                for_client = time.monotonic() - t0 - lag.lag()  # what the loop's own lag does not explain
+                if for_client > 0:
+                    arrival.at += for_client
+            return message
+
+        try:
+            await self.app(scope, timed_receive, send)
+        finally:
+            done = time.monotonic()
+            if self.adaptive is not None:
+                self.adaptive.answered((done - arrival.at) / arrival.slices, done)
+            self.inflight -= 1
+
+    def _limit(self, batcher: MicroBatcher) -> tuple[int | None, str]:
+        """The in-flight limit now, and what sets it."""
+        fixed = self.pipeline.settings.max_inflight_searches
+        if fixed is not None:
+            return fixed, "the limit ESP_MAX_INFLIGHT_SEARCHES"
+        budget = batcher.latency_budget
+        if budget is None:
+            return None, ""
+        if self.adaptive is None:
+            self.adaptive = AdaptiveLimit(budget, initial=batcher.max_batch, ceiling=batcher.queue_size)
+        return self.adaptive.limit, (
+            f"the most the server answers within the latency budget of {budget * 1000:.0f} ms now "
+            "(adapted to the latency measured; setting ESP_LATENCY_BUDGET_MS)"
+        )
+
+    def _refusal(self, batcher: MicroBatcher, now: float, waited: float) -> tuple[str, float] | None:
+        budget = batcher.latency_budget
+        limit, how = self._limit(batcher)
+        if limit is not None and self.inflight >= limit:
+            if self.adaptive is not None:
+                self.adaptive.refused()
+            per_request = batcher.seconds_per_request(now)
+            message = f"overloaded: {self.inflight} searches are in progress, {how}; retry later"
+            return message, self.inflight * per_request if per_request else 1.0
+        if budget is None:
+            return None
+        ahead = batcher.expected_wait(1, now)
+        if waited + ahead <= budget:
+            return None
+        message = (
+            f"overloaded: this request waited about {waited * 1000:.0f} ms for the server and the "
+            f"queries ahead would take about {ahead * 1000:.0f} ms, over the latency budget of "
+            f"{budget * 1000:.0f} ms "
+            "(setting ESP_LATENCY_BUDGET_MS); retry later"
+        )
+        return message, max(ahead, waited)

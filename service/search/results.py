@@ -1,0 +1,124 @@
+"""The search wing's request and result shapes: request vectors checked against the layout
+(:func:`query_vector`), the queries for the micro-batcher (:func:`prepare_queries`), and the
+``results`` of a response (:func:`build_results`), measured as they are built so an oversized
+answer stops early (``ESP_MAX_RESPONSE_BYTES``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from service.schemas import Query
+from service.search.batching import QueryHits, QueryInput
+from service.state import ServingState
+from subspace.errors import FieldError
+from subspace.layout import SubspaceLayout
+
+_DOC_FIELDS = ("text", "title", "url")
+
+
+def _layout_desc(layout: SubspaceLayout) -> str:
+    return ", ".join(f"{n}:{d}" for n, d in zip(layout.names, layout.dims, strict=True))
+
+
+def query_vector(
+    vector: list[float] | dict[str, list[float]], layout: SubspaceLayout, field: str
+) -> np.ndarray:
+    """A request vector (full or per subspace) -> ``(D,)`` float64 as sent, checked against the
+    layout and not all zero; the micro-batch normalises each block (``subspace.scoring.normalize_blocks``)."""
+    if isinstance(vector, dict):
+        out = np.zeros(layout.dim, dtype=np.float64)
+        for name, block in vector.items():
+            if name not in layout:
+                raise FieldError(
+                    f"{field} has unknown subspace {name!r}; valid names: {list(layout.names)}",
+                    f"{field}.{name}",
+                )
+            if len(block) != layout[name].dim:
+                raise FieldError(
+                    f"{field}.{name} has {len(block)} components; subspace {name!r} has dim "
+                    f"{layout[name].dim}",
+                    f"{field}.{name}",
+                )
+            out[layout.slice(name)] = block
+    else:
+        if len(vector) != layout.dim:
+            raise FieldError(
+                f"{field} has {len(vector)} components; the layout has D={layout.dim} "
+                f"({_layout_desc(layout)}), or send an object by subspace name",
+                field,
+            )
+        out = np.asarray(vector, dtype=np.float64)
+    # A finite non-zero block normalises to a non-zero block: checking the raw values suffices.
+    if not out.any():
+        raise FieldError(f"{field} is all zero: at least one subspace block must be non-zero", field)
+    return out
+
+
+def prepare_queries(queries: list[Query], state: ServingState) -> list[QueryInput]:
+    out = []
+    for i, q in enumerate(queries):
+        field = f"queries[{i}]"
+        if q.text is not None:
+            if state.encoder is None:
+                raise FieldError(
+                    f"bundle {state.version} has no query encoder: send vectors instead of text",
+                    f"{field}.text",
+                )
+            out.append(QueryInput(text=q.text))
+        else:
+            assert q.vector is not None  # the schema guarantees exactly one
+            out.append(QueryInput(vector=query_vector(q.vector, state.layout, f"{field}.vector")))
+    return out
+
+
+_HIT_OVERHEAD = 48  # bytes of a hit's JSON besides its id, display fields and subspace scores
+_SUBSPACE_BYTES = 32  # one "name": score pair, about
+
+
+def too_large(size: int, limit: int) -> FieldError:
+    return FieldError(
+        f"the response would be larger than {limit} bytes (setting ESP_MAX_RESPONSE_BYTES; about {size} "
+        "so far): ask for a smaller k or fewer queries",
+        "k",
+    )
+
+
+def build_results(
+    state: ServingState, hits: list[QueryHits], max_bytes: int | None = None
+) -> list[dict[str, Any]]:
+    """The ``results`` of a response. With ``max_bytes``, the body's size is estimated as it is
+    built and a :class:`FieldError` raised as soon as it exceeds the limit."""
+    names = state.layout.names
+    ids, docs = state.bundle.ids, state.docs
+    per_hit = _HIT_OVERHEAD + _SUBSPACE_BYTES * len(names)
+    size = 0
+    results = []
+    for h in hits:
+        out = []
+        rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
+        # a backend that stores documents itself (milvus) names its hits; rows -1 pad short lists
+        live = state.engine.documents(h.rows[h.rows >= 0]) if state.engine.capabilities.metadata else None
+        for j, (row, score, sub) in enumerate(zip(rows, scores, subs, strict=True)):
+            if row < 0:
+                break
+            hit: dict[str, Any] = {
+                "id": ids[row] if live is None else live[j][0],
+                "score": score,
+                "subspace_scores": dict(zip(names, sub, strict=True)),
+            }
+            size += per_hit + len(hit["id"])
+            doc = live[j][1] if live is not None else docs[row] if docs is not None else None
+            if doc is not None:
+                for key in _DOC_FIELDS:
+                    value = doc.get(key)
+                    if isinstance(value, str):
+                        hit[key] = value
+                        size += len(value) + 12
+            if max_bytes is not None and size > max_bytes:
+                raise too_large(size, max_bytes)
+            out.append(hit)
+        results.append({"hits": out})
+    return results
