@@ -105,3 +105,48 @@ def test_importing_the_core_loads_neither_torch_nor_fastapi() -> None:
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+# --- the test layout (docs/architecture.md section 7) ------------------------------------------
+
+TESTS = ROOT / "tests"
+
+
+def test_every_test_folder_mirrors_a_package_folder() -> None:
+    """``tests/<path>/`` exists only where ``<path>/`` is a package folder of the project."""
+    folders = [p.parent.relative_to(TESTS) for p in TESTS.rglob("__init__.py") if p.parent != TESTS]
+    assert folders, "no test packages found"
+    unmirrored = [str(f) for f in folders if not (ROOT / f / "__init__.py").is_file()]
+    assert unmirrored == [], f"test folders without a package of the same path: {unmirrored}"
+
+
+def test_each_tested_package_folder_has_its_test_folder() -> None:
+    """Every sub-package of the service and the engine core has ``tests/<its path>/``."""
+    wings = [p.parent.relative_to(ROOT) for pkg in ("service", "subspace") for p in (ROOT / pkg).glob("*/__init__.py")]
+    untested = [str(w) for w in wings if w.name != "ui" and not (TESTS / w / "__init__.py").is_file()]
+    assert untested == [], f"packages without a mirrored test folder: {untested}"
+
+
+@pytest.mark.parametrize(
+    ("registry", "tests"),
+    [
+        ("training.losses:LOSSES", ["training/test_losses.py"]),
+        ("training.weighting:WEIGHTINGS", ["training/test_weighting.py", "training/test_weighting_uncertainty.py"]),
+        ("training.surgery:SURGERIES", ["training/test_surgery.py"]),
+    ],
+)
+def test_every_registered_method_is_named_in_its_test_file(registry: str, tests: list[str]) -> None:
+    """The "test in" column of the extension table: each registered name appears in its tests."""
+    import importlib
+
+    module, _, attr = registry.partition(":")
+    names = list(getattr(importlib.import_module(module), attr))
+    text = "".join((TESTS / t).read_text() for t in tests)
+    assert [n for n in names if f'"{n}"' not in text] == []
+
+
+def test_every_subcommand_is_run_by_some_test() -> None:
+    from esp_cli.main import COMMANDS
+
+    text = "".join(p.read_text() for p in TESTS.rglob("test_*.py"))
+    assert [c for c in COMMANDS if f'"{c}"' not in text] == []
