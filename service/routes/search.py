@@ -37,6 +37,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 
+from service import sparse_query
 from service.batching import QueryHits, QueryInput
 from service.errors import NotReadyError
 from service.exposure import log_search_exposure
@@ -282,6 +283,7 @@ def build_results(
     for h in hits:
         out = []
         rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
+        cols = names if h.columns is None else h.columns  # with sparse blocks: theirs after the dense
         # a backend that stores documents itself (milvus) names its hits; rows -1 pad short lists
         live = state.engine.documents(h.rows[h.rows >= 0]) if state.engine.capabilities.metadata else None
         for j, (row, score, sub) in enumerate(zip(rows, scores, subs, strict=True)):
@@ -290,7 +292,7 @@ def build_results(
             hit: dict[str, Any] = {
                 "id": ids[row] if live is None else live[j][0],
                 "score": score,
-                "subspace_scores": dict(zip(names, sub, strict=True)),
+                "subspace_scores": dict(zip(cols, sub, strict=True)),
             }
             size += per_hit + len(hit["id"])
             doc = live[j][1] if live is not None else docs[row] if docs is not None else None
@@ -375,22 +377,23 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
     state, metrics = ctx.state, ctx.metrics
     max_bytes = ctx.settings.max_response_bytes
     resolved = ctx.registry.current.resolve(
-        state.layout,
+        state.weight_layout,  # the layout's names and the bundle's sparse blocks' (service.sparse_query)
         weights=body.weights,
         operating_point=body.operating_point,
         experiment=body.experiment,
         unit_id=body.unit_id,
     )
     queries = prepare_queries(body.queries, state)
+    dense_weights, sparse_weights = sparse_query.for_request(body, resolved, state)
     if body.filter is not None:  # scored in its own engine call, over the rows the filter allows
         state = filtered(state, filter_context(state).compile(body.filter))
     stages = ctx.tracing.stages()  # None unless traced: then the batch's stage times land here
     hits = await ctx.batcher.submit(
-        state, queries, resolved.block_weights, body.k, ctx.receive, stages=stages
+        state, queries, dense_weights, body.k, ctx.receive, stages=stages, sparse_weights=sparse_weights
     )
     ctx.tracing.record_stages(stages)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
-    _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
+    _observe_weights(metrics, state.weight_layout, resolved.block_weights, len(queries))
     exposure = resolved.experiment is not None and resolved.arm is not None and not resolved.excluded
     if exposure:
         metrics.experiment_requests.labels(experiment=resolved.experiment, arm=resolved.arm).inc(len(queries))
