@@ -39,13 +39,15 @@ def find_bundle(root: Path) -> Path:
 
 
 def weight_vectors(layout: LayoutResponse) -> dict[str, dict[str, float]]:
-    """A semantic-heavy and an entity-heavy weight vector for this layout's subspace names."""
+    """A semantic-heavy and an entity-heavy weight vector for this layout's subspace names (a
+    sparse block, e.g. bm25, light in both)."""
     names = [s.name for s in layout.subspaces]
     semantic = "semantic" if "semantic" in names else names[0]
     entity = "entity" if "entity" in names else names[min(1, len(names) - 1)]
+    every = [*names, *(s.name for s in layout.sparse)]
     return {
-        f"{semantic}-heavy": {n: HEAVY if n == semantic else LIGHT for n in names},
-        f"{entity}-heavy": {n: HEAVY if n == entity else LIGHT for n in names},
+        f"{semantic}-heavy": {n: HEAVY if n == semantic else LIGHT for n in every},
+        f"{entity}-heavy": {n: HEAVY if n == entity else LIGHT for n in every},
     }
 
 

@@ -45,11 +45,16 @@ def run(args: argparse.Namespace) -> int:
     cfg = load_eval_config(args.config, quick=args.quick)
     sparse = cfg.methods[cfg.front_method].sparse
     if args.bundle and sparse is not None:
-        # its operating points weigh the sparse block, which a bundle does not carry yet
-        print(f"esp eval: --bundle: the front method {cfg.front_method!r} has the sparse block "
-              f"{sparse.name!r}, which the bundle cannot serve; drop --bundle or choose a front_method "
-              "without `sparse:`", file=sys.stderr)
-        return 2
+        from subspace.bundle import read_bundle
+
+        # its operating points weigh the sparse block: the bundle must carry (and so serve) it
+        held = list(read_bundle(args.bundle, verify_checksums=False).sparse)
+        if sparse.name not in held:
+            print(f"esp eval: --bundle: the front method {cfg.front_method!r} weighs the sparse block "
+                  f"{sparse.name!r}, which the bundle does not carry (its sparse blocks: {held}); train it "
+                  "with `sparse:` (configs/demo.yaml), drop --bundle or choose a front_method without "
+                  "`sparse:`", file=sys.stderr)
+            return 2
     data_dir = Path(args.data_dir) if args.data_dir else DEFAULT_DATA_DIR
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="esp-eval-") as tmp:

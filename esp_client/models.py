@@ -27,7 +27,8 @@ class _Answer(BaseModel):
 
 
 class Hit(_Answer):
-    """One ranked document: ``score`` is the weighted sum of ``subspace_scores`` (cosines)."""
+    """One ranked document: ``score`` is the weighted sum of ``subspace_scores`` (cosines, and a
+    weighted sparse block's score)."""
 
     id: str
     score: float
@@ -62,12 +63,20 @@ class SubspaceInfo(_Answer):
     default_weight: float
 
 
+class SparseInfo(_Answer):
+    name: str
+    kind: str
+    vocab_size: int
+    default_weight: float
+
+
 class LayoutResponse(_Answer):
     dim: int
     subspaces: list[SubspaceInfo]
-    default_weights: dict[str, float]
+    default_weights: dict[str, float]  # every weight a request may set: subspaces, then sparse blocks
     bundle_version: str
     metadata_fields: dict[str, str] = {}  # what a search filter may name: field -> type
+    sparse: list[SparseInfo] = []  # sparse blocks (BM25), weighed by name like a subspace
 
 
 class Health(_Answer):
@@ -115,6 +124,7 @@ __all__ = [
     "Readiness",
     "ReloadResponse",
     "SearchResponse",
+    "SparseInfo",
     "SubspaceInfo",
 ]
 

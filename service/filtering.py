@@ -15,6 +15,7 @@ from __future__ import annotations
 import threading
 import weakref
 from collections import OrderedDict
+from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -22,6 +23,7 @@ import numpy as np
 
 from service.state import ServingState
 from subspace.engine.base import Backend, SearchResult
+from subspace.engine.sparse_terms import SparseQuery
 from subspace.filters import CompiledFilter, MetadataSchema, MetadataTable, compile_filter
 
 _MASKS_KEPT = 16  # recent filters' masks per engine (a mask is N bytes)
@@ -78,13 +80,18 @@ class FilteredState(ServingState):
 
     compiled: CompiledFilter | None = None
 
-    def search(self, queries: np.ndarray, block_weights: np.ndarray, k: int) -> SearchResult:
+    def search(
+        self, queries: np.ndarray, block_weights: np.ndarray, k: int,
+        sparse: Mapping[str, SparseQuery] | None = None,
+    ) -> SearchResult:
         assert self.compiled is not None
         if self.engine.capabilities.native_filters:
             allowed: Any = self.compiled
         else:
             allowed = filter_context(self).mask(self.compiled)
-        return self.engine.search(queries, block_weights, k, allowed=allowed)
+        if sparse is None:
+            return self.engine.search(queries, block_weights, k, allowed=allowed)
+        return self.engine.search(queries, block_weights, k, allowed=allowed, sparse=sparse)
 
 
 def filtered(state: ServingState, compiled: CompiledFilter) -> FilteredState:

@@ -96,8 +96,9 @@ class SearchRequest(BaseModel):
     k: int = Field(10, ge=1, description="hits per query, 1 .. max_k (setting ESP_MAX_K)")
     weights: Weights | None = Field(
         None,
-        description="per-subspace weights (finite, >= 0, not all zero); names missing from an "
-        "object take the layout's default weight",
+        description="per-subspace weights (finite, >= 0, not all zero), keyed by the layout's names and "
+        "its sparse blocks' (e.g. bm25; they score the query text); names missing from an object take "
+        "the default weight",
     )
     operating_point: Name | None = Field(None, description="a named weight vector from the registry")
     experiment: Name | None = Field(None, description="an A/B experiment; needs unit_id")
@@ -111,8 +112,9 @@ class SearchRequest(BaseModel):
 
 class Hit(BaseModel):
     id: str
-    score: float = Field(description="sum over subspaces of weight * subspace cosine")
-    subspace_scores: dict[str, float] = Field(description="cosine of each subspace block")
+    score: float = Field(description="sum over subspaces of weight * subspace score")
+    subspace_scores: dict[str, float] = Field(
+        description="cosine of each subspace block; with a weighted sparse block, its score too")
     text: str | None = Field(None, description="display text, when the bundle has docs.jsonl")
     title: str | None = None
     url: str | None = None
@@ -146,11 +148,21 @@ class SubspaceInfo(BaseModel):
     default_weight: float
 
 
+class SparseInfo(BaseModel):
+    name: str
+    kind: str
+    vocab_size: int
+    default_weight: float
+
+
 class LayoutResponse(BaseModel):
     dim: int
     subspaces: list[SubspaceInfo]
-    default_weights: dict[str, float]
+    default_weights: dict[str, float] = Field(
+        description="every weight a request may set: the subspaces, then the sparse blocks")
     bundle_version: str
+    sparse: list[SparseInfo] = Field(
+        default_factory=list, description="sparse blocks (BM25 over the corpus vocabulary), weighed by name")
     metadata_fields: dict[str, str] = Field(
         default_factory=dict, description="fields a search filter may name, with their types"
     )

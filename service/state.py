@@ -26,7 +26,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -35,12 +35,14 @@ from typing import Any, TypeVar
 import numpy as np
 
 from service.config import Settings
-from service.engine import Backend, SearchResult, create_engine
+from service.engine import BACKENDS, Backend, SearchResult, SparseQuery, create_engine
 from service.engine.ann import ivf_options
 from service.errors import NotReadyError
+from service.sparse_query import engine_sparse
 from subspace.bundle import Bundle, BundleError, read_bundle, unreadable, writable_by_others
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
+from subspace.sparse import SparseLexical
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +62,8 @@ class ServingState:
     engine: Backend
     encoder: Any | None  # encoder.query_encoder.QueryEncoder (imports torch; loaded only when present)
     docs: list[dict[str, Any]] | None
+    #: the sparse blocks the engine scores (the bundle's, unless its backend cannot: then none)
+    sparse: Mapping[str, SparseLexical] = field(default_factory=dict)
     load_seconds: float = 0.0
     loaded_at: float = field(default_factory=time.time)
     _life: _Lifetime = field(default_factory=lambda: _Lifetime(), repr=False)  # noqa: PLW0108 - defined below
@@ -115,6 +119,12 @@ class ServingState:
         return self.bundle.layout
 
     @property
+    def weight_layout(self) -> SubspaceLayout:
+        """The names a request's weights may carry: the layout's blocks, then the bundle's sparse
+        blocks (:attr:`subspace.bundle.Bundle.weight_layout`, served or not)."""
+        return self.bundle.weight_layout
+
+    @property
     def num_docs(self) -> int:
         return len(self.bundle.ids)
 
@@ -142,9 +152,15 @@ class ServingState:
         finally:
             self.release()
 
-    def search(self, queries: np.ndarray, block_weights: np.ndarray, k: int) -> SearchResult:
-        """``queries (nq, D)`` block-normalised, ``block_weights (K,)|(nq, K)`` -> top ``k``."""
-        return self.engine.search(queries, block_weights, k)
+    def search(
+        self, queries: np.ndarray, block_weights: np.ndarray, k: int,
+        sparse: Mapping[str, SparseQuery] | None = None,
+    ) -> SearchResult:
+        """``queries (nq, D)`` block-normalised, ``block_weights (K,)|(nq, K)`` -> top ``k``;
+        ``sparse``: the served sparse blocks' queries and weights (:mod:`service.sparse_query`)."""
+        if sparse is None:
+            return self.engine.search(queries, block_weights, k)
+        return self.engine.search(queries, block_weights, k, sparse=sparse)
 
 
 class _Lifetime:
@@ -187,7 +203,11 @@ def warm_up(state: ServingState) -> None:
         if enc.shape != (1, layout.dim) or not np.all(np.isfinite(enc)):
             raise ValueError(f"encoder/: warm-up encode returned shape {enc.shape} or non-finite values")
         q = np.concatenate([q, enc])
-    res = state.search(q, layout.default_weights(), min(10, state.num_docs))
+    sparse = None
+    if state.encoder is not None:  # the encoded text's sparse vectors too (service.sparse_query)
+        texts: list[str | None] = [None] * (q.shape[0] - 1) + [WARMUP_TEXT]
+        sparse = engine_sparse(state.sparse, texts, np.ones((q.shape[0], len(state.sparse))))
+    res = state.search(q, layout.default_weights(), min(10, state.num_docs), sparse=sparse)
     if res.rows.shape[0] != q.shape[0]:
         raise ValueError(f"engine warm-up returned {res.rows.shape[0]} rows for {q.shape[0]} queries")
 
@@ -220,6 +240,22 @@ def check_permissions(path: Path, settings: Settings) -> None:
     log.warning("bundle at %r: %s", str(path), message)
 
 
+def engine_sparse_blocks(bundle: Bundle, backend: str) -> dict[str, SparseLexical]:
+    """The bundle's sparse blocks for the engine: all of them, or none for a backend named
+    explicitly whose capabilities lack ``sparse`` (faiss, cupy, ivf, milvus). That one serves the
+    dense blocks as before (logged), and refuses a search that weighs a sparse block
+    (:func:`service.sparse_query.check`). ``auto`` gets them: its chain skips such backends."""
+    blocks = dict(bundle.sparse)
+    cls = BACKENDS.get(backend)
+    if blocks and cls is not None and not cls.capabilities.sparse:
+        log.warning(
+            "bundle %s: backend %s cannot score sparse blocks (its capabilities lack sparse): serving %s "
+            "without them; a search that weighs them is refused", bundle.version, backend, list(blocks),
+        )
+        return {}
+    return blocks
+
+
 def load_state(path: str | Path, settings: Settings) -> ServingState:
     """Read, validate (checksums included), build engine and encoder, warm up. Blocking.
 
@@ -229,6 +265,7 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
     t0 = time.perf_counter()
     check_permissions(Path(path), settings)
     bundle = read_bundle(path, snapshot=True, verify_checksums=True)
+    sparse = engine_sparse_blocks(bundle, settings.backend)
     engine = create_engine(
         settings.backend,
         bundle.embeddings,
@@ -236,13 +273,14 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
         precision=settings.precision,
         threads=settings.threads,
         options={"ivf": functools.partial(ivf_options, bundle, settings.ann_max_touched)},
+        sparse_blocks=sparse,
     )
     state: ServingState | None = None
     try:
         encoder = _load_encoder(bundle, settings.encoder_device)
         if encoder is not None:
             _check_encoder(encoder, bundle.layout)
-        state = ServingState(bundle=bundle, engine=engine, encoder=encoder, docs=bundle.docs())
+        state = ServingState(bundle=bundle, engine=engine, encoder=encoder, docs=bundle.docs(), sparse=sparse)
         warm_up(state)
     except BaseException:
         engine.close()  # a refused bundle leaves nothing running

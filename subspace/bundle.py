@@ -30,6 +30,7 @@ this process cannot read. ``write_bundle`` publishes every file 0o644 and every 
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import io
 import json
@@ -51,6 +52,7 @@ from subspace.layout import LayoutError, SubspaceLayout
 from subspace.sparse import FILES as SPARSE_FILES
 from subspace.sparse import KIND as SPARSE_KIND
 from subspace.sparse import SparseLexical
+from subspace.weights import weight_layout
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -105,6 +107,17 @@ class Bundle:
     @property
     def operating_points(self) -> dict[str, Any]:
         return dict(self.manifest.get("operating_points") or {})
+
+    @property
+    def sparse_defaults(self) -> dict[str, float]:
+        """Sparse block name -> its default serving weight (the manifest's ``sparse`` section)."""
+        return {str(e["name"]): float(e["default_weight"]) for e in self.manifest.get(SPARSE) or ()}
+
+    @functools.cached_property
+    def weight_layout(self) -> SubspaceLayout:
+        """The names a request's weights may carry: the layout's blocks, then the sparse blocks
+        (:func:`subspace.weights.weight_layout`); one object per bundle."""
+        return weight_layout(self.layout, self.sparse_defaults)
 
     def docs(self) -> list[dict[str, Any]] | None:
         """Display payload per row, or ``None`` when the bundle has none (a snapshot's as read)."""

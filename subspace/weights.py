@@ -103,3 +103,25 @@ def resolve_weights(
 def weights_dict(block_weights: np.ndarray, layout: SubspaceLayout) -> dict[str, float]:
     """``(K,)`` weights back to ``{name: weight}`` (what a response reports as used)."""
     return {name: float(w) for name, w in zip(layout.names, block_weights, strict=True)}
+
+
+def weight_layout(
+    layout: SubspaceLayout, sparse_defaults: Mapping[str, float] | None = None
+) -> SubspaceLayout:
+    """The names a request's weights may carry, in order: ``layout``'s blocks, then each sparse
+    block (docs/architecture.md s. 1) as a one-column entry with its default weight. Weights are
+    resolved and validated against it; its first ``len(layout)`` entries are the dense blocks.
+    ``layout`` itself when there is no sparse block."""
+    if not sparse_defaults:
+        return layout
+    clash = sorted(set(sparse_defaults) & set(layout.names))
+    if clash:
+        raise WeightError(f"sparse blocks {clash} have the names of dense blocks", "sparse")
+    dims = dict(zip(layout.names, layout.dims, strict=True))
+    defaults = dict(zip(layout.names, layout.default_weights().tolist(), strict=True))
+    losses = {o.name: o.loss for o in layout.objectives}
+    return SubspaceLayout.from_dims(
+        {**dims, **dict.fromkeys(sparse_defaults, 1)},
+        losses={**losses, **dict.fromkeys(sparse_defaults, "bm25")},
+        default_weights={**defaults, **{n: float(w) for n, w in sparse_defaults.items()}},
+    )

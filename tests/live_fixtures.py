@@ -177,6 +177,24 @@ def rebundle(src: Path, out: Path, *, seed: int, corrupt: bool = False) -> Path:
     return out
 
 
+def with_bm25(src: Path, out: Path, *, weight: float = 0.3) -> Path:
+    """``src`` (layout, ids, docs, encoder, operating points, embeddings) plus a sparse BM25 block
+    ``bm25`` over its passages (``training.sparse_lexical``), default weight ``weight``."""
+    from training.sparse_lexical import build_bm25
+
+    b = read_bundle(src)
+    docs = b.docs()
+    assert docs is not None, f"{src} has no docs.jsonl to build the BM25 block from"
+    sections = {
+        k: v
+        for k, v in b.manifest.items()
+        if k not in {"format_version", "version", "layout", "corpus", "files", "sparse"}
+    }
+    return write_bundle(out, b.layout, np.asarray(b.embeddings), b.ids, docs=docs, encoder_dir=b.encoder_dir,
+                        sections=sections, sparse={"bm25": build_bm25([d["text"] for d in docs])},
+                        sparse_weights={"bm25": weight})
+
+
 def vectors_only(src: Path, out: Path, *, seed: int | None = None, corrupt: bool = False) -> Path:
     """``src``'s layout and ids without the encoder (a server on it is ready in seconds): its
     embeddings, or seeded ones (a different version) with ``seed``. ``corrupt``: flip bytes in

@@ -54,6 +54,18 @@ class ObjectiveConfig(_Strict):
     head: HeadConfig = Field(default_factory=HeadConfig)
 
 
+class SparseBlockSpec(_Strict):
+    """A sparse BM25 block (:mod:`subspace.sparse`, built by :func:`training.sparse_lexical.build_bm25`)
+    scored exactly beside the dense blocks: in a bundle (``esp train``: ``sparse/<name>/``) or in
+    the evaluation (a method's ``sparse:``)."""
+
+    name: str = Field(default="bm25", pattern=r"^[a-z][a-z0-9_]{0,62}$")
+    k1: float = Field(default=0.9, gt=0)
+    b: float = Field(default=0.4, ge=0, le=1)
+    stopwords: str | None = "en"
+    default_weight: float = Field(default=1.0, ge=0, description="its weight at the default serving weights")
+
+
 class TrunkConfig(_Strict):
     path: str | None = Field(default=None, description="HF model folder; null = all-MiniLM-L6-v2 package")
     mode: str = Field(default="frozen", description="frozen | top:N | full")
@@ -149,12 +161,17 @@ class TrainConfig(BaseSettings):
     split: SplitConfig = Field(default_factory=SplitConfig)
     eval: EvalConfig = Field(default_factory=EvalConfig)
     export: ExportConfig = Field(default_factory=ExportConfig)
+    sparse: SparseBlockSpec | None = Field(
+        default=None, description="a sparse BM25 block over the exported corpus, written into the bundle")
     device: str = "cpu"
     threads: int | None = Field(default=None, description="torch threads; null = torch's default")
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         names = [o.name for o in self.objectives]
+        if self.sparse is not None and self.sparse.name in names:
+            raise ValueError(
+                f"sparse.name {self.sparse.name!r} is an objective's name; a weight names one block")
         if not names:
             raise ValueError("objectives: at least one objective is required")
         if len(set(names)) != len(names):

@@ -4,7 +4,7 @@ The encoder folder is written by :meth:`training.model.ESPModel.save_encoder` in
 ``encoder/query_encoder.py`` documents; the corpus is embedded with the same model (or the caller
 passes embeddings it already has, e.g. from cached frozen-trunk features). The manifest
 gets the sections ``encoder``, ``training`` (config, data hashes, final metrics) and
-``operating_points`` (``{}`` unless given).
+``operating_points`` (``{}`` unless given), and ``sparse`` when sparse blocks are given.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import numpy as np
 
 from subspace.bundle import write_bundle
 from subspace.scoring import normalize_blocks
+from subspace.sparse import SparseLexical
 from training.display_text import repair_display
 from training.model import ESPModel
 
@@ -56,13 +57,16 @@ def export_bundle(
     dtype: str = "float32",
     batch_size: int = 64,
     overwrite: bool = False,
+    sparse: Mapping[str, SparseLexical] | None = None,
+    sparse_weights: Mapping[str, float] | None = None,
 ) -> Path:
     """Write a bundle at ``out`` from ``model`` and a corpus; return its path.
 
     Give either ``texts`` (embedded here with ``model.encode``) or ``embeddings`` ``(N, D)``
     computed by the same model. ``docs`` (display payload per row) defaults to ``{"text": t}``;
     their display fields (text, title) are repaired by ftfy whoever gave them
-    (:mod:`training.display_text`; the embedded text is ``t`` as given).
+    (:mod:`training.display_text`; the embedded text is ``t`` as given). ``sparse``: sparse
+    blocks over the same rows (``sparse/<name>/``, their default weights ``sparse_weights``).
     """
     if embeddings is None:
         if texts is None:
@@ -93,4 +97,6 @@ def export_bundle(
             encoder_dir=enc_dir,
             sections=sections,
             overwrite=overwrite,
+            sparse=sparse,
+            sparse_weights=sparse_weights,
         )

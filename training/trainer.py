@@ -293,6 +293,14 @@ class Trainer:
 
         pooled = self.pooled_np(self.corpus_texts)
         emb = self.model.encode_pooled(pooled)
+        spec, sparse = self.config.sparse, None
+        if spec is not None:  # the BM25 block over the exported corpus (docs/architecture.md s. 5)
+            from training.sparse_lexical import build_bm25
+
+            t0 = time.perf_counter()
+            block = build_bm25(self.corpus_texts, k1=spec.k1, b=spec.b, stopwords=spec.stopwords)
+            sparse = {spec.name: block}
+            self.timings["sparse_s"] = time.perf_counter() - t0
         return export_bundle(
             path,
             self.model,
@@ -305,6 +313,8 @@ class Trainer:
             trunk_name=self.config.trunk.path or "sentence-transformers/all-MiniLM-L6-v2",
             dtype=self.config.export.dtype,
             overwrite=True,
+            sparse=sparse,
+            sparse_weights=None if spec is None else {spec.name: spec.default_weight},
         )
 
 

@@ -24,6 +24,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from service import sparse_query
 from service.errors import NotReadyError, OverloadedError
 from service.routes.deps import SettingsDep, StateDep
 from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
@@ -122,9 +123,9 @@ async def cluster(
             "keywords",
         )
     keywords, merged = dedupe_keywords(body.keywords)
-    resolved = request.app.state.registry.current.resolve(
-        state.layout, weights=body.weights, operating_point=body.operating_point
-    )
+    resolved = sparse_query.dense_only(request.app.state.registry.current.resolve(
+        state.weight_layout, weights=body.weights, operating_point=body.operating_point
+    ), state.layout)
     params = _params(body)
     if state.encoder is None:
         raise FieldError(f"bundle {state.version} has no query encoder: it cannot embed keywords", "keywords")

@@ -45,6 +45,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
+from service import sparse_query
 from service.errors import NotFoundError
 from service.routes.deps import SettingsDep, StateDep
 from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
@@ -231,9 +232,9 @@ async def embeddings(
     weights_used: dict[str, float] | None = None
     point: str | None = None
     if body.weights is not None or body.operating_point is not None:
-        resolved = request.app.state.registry.current.resolve(
-            layout, weights=body.weights, operating_point=body.operating_point
-        )
+        resolved = sparse_query.dense_only(request.app.state.registry.current.resolve(
+            state.weight_layout, weights=body.weights, operating_point=body.operating_point
+        ), layout)
         block_weights, weights_used = resolved.block_weights, resolved.weights_used
         point = resolved.operating_point
     vectors, tokens = await state.in_encoder_thread(_encode, state, texts, settings.max_embedding_tokens)

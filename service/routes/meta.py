@@ -8,7 +8,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from service.filtering import filter_context
 from service.rollout import status_body
 from service.routes.deps import MetricsDep, StateDep
-from service.schemas import Health, LayoutResponse, Readiness, SubspaceInfo, error_responses
+from service.schemas import Health, LayoutResponse, Readiness, SparseInfo, SubspaceInfo, error_responses
 from subspace.weights import weights_dict
 
 router = APIRouter(tags=["operations"])
@@ -39,13 +39,14 @@ async def readyz(state: StateDep, request: Request) -> Readiness:
     summary="Subspace names, dims, offsets and default weights of the served bundle",
 )
 async def layout(state: StateDep) -> LayoutResponse:
-    lay = state.layout
+    lay, names = state.layout, state.weight_layout
     return LayoutResponse(
         dim=lay.dim,
         subspaces=[SubspaceInfo(**o.to_dict()) for o in lay.objectives],
-        default_weights=weights_dict(lay.default_weights(), lay),
+        default_weights=weights_dict(names.default_weights(), names),
         bundle_version=state.version,
         metadata_fields=filter_context(state).schema.to_dict(),
+        sparse=[SparseInfo(**e) for e in state.bundle.manifest.get("sparse") or ()],
     )
 
 

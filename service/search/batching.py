@@ -9,6 +9,8 @@ engine as ``(nq, K)`` (docs/architecture.md section 1: each row's weights scale 
 the batch's largest and each job keeps its own first ``k`` (top-k is prefix-stable with
 the engine's deterministic tie order). Jobs of different states (a hot reload happened while
 they waited) are scored separately, each on its own state: nothing is dropped, nothing mixes.
+A state's sparse blocks (``state.sparse``) get their weights per row the same way, and their
+query vectors from the rows' texts (:func:`service.sparse_query.engine_sparse`).
 
 The gather window is adaptive: the consumer waits for more jobs only when the recent arrivals
 say one is due within the window (the median gap between the arrivals of the last 100 ms is
@@ -60,6 +62,7 @@ import numpy as np
 from service.errors import ClientClosedError, NotReadyError, OverloadedError
 from service.metrics import Metrics
 from service.search.wait import Arrival, LoopLag
+from service.sparse_query import columns, engine_sparse
 from service.state import ServingState
 from subspace.scoring import normalize_blocks
 
@@ -86,11 +89,14 @@ class QueryInput:
 
 @dataclass(frozen=True)
 class QueryHits:
-    """Top hits of one query: ``scores (k,)``, ``rows (k,)`` int64, ``subspace_scores (k, K)``."""
+    """Top hits of one query: ``scores (k,)``, ``rows (k,)`` int64, ``subspace_scores (k, C)``,
+    its columns named by ``columns`` (``None``: the layout's ``K`` blocks; with sparse blocks the
+    dense blocks and then the sparse ones, :func:`service.sparse_query.columns`)."""
 
     scores: np.ndarray
     rows: np.ndarray
     subspace_scores: np.ndarray
+    columns: tuple[str, ...] | None = None
 
 
 @dataclass(eq=False)
@@ -132,6 +138,8 @@ class Job:
     k: int
     request: Request
     offset: int = 0
+    #: ``(S,)`` weights of the state's sparse blocks (``state.sparse`` order); ``None``: all 0
+    sparse_weights: np.ndarray | None = None
 
     @property
     def size(self) -> int:
@@ -160,6 +168,9 @@ def _score_group(jobs: Sequence[Job], metrics: Metrics) -> list[list[QueryHits]]
     traced = [j.request for j in jobs if j.request.stages is not None]
     queries = np.empty((nq, layout.dim), dtype=np.float32)
     weights = np.empty((nq, len(layout)), dtype=np.float64)
+    sparse_names = tuple(state.sparse)
+    sparse_weights = np.zeros((nq, len(sparse_names)), dtype=np.float64)
+    row_texts: list[str | None] = [None] * nq
     text_rows: list[int] = []
     texts: list[str] = []
     vector_rows: list[int] = []
@@ -167,7 +178,10 @@ def _score_group(jobs: Sequence[Job], metrics: Metrics) -> list[list[QueryHits]]
     row = 0
     for job in jobs:
         weights[row : row + job.size] = job.block_weights
+        if sparse_names and job.sparse_weights is not None:
+            sparse_weights[row : row + job.size] = job.sparse_weights
         for q in job.queries:
+            row_texts[row] = q.text
             if q.text is not None:
                 text_rows.append(row)
                 texts.append(q.text)
@@ -189,10 +203,12 @@ def _score_group(jobs: Sequence[Job], metrics: Metrics) -> list[list[QueryHits]]
     k = max(j.k for j in jobs)
     # Rank is invariant to scaling a row's weights: score with max weight 1 so tiny (or large)
     # weights cannot underflow (overflow) the engine's float32 scan, then scale the scores back.
-    peak = weights.max(axis=1, keepdims=True)
+    peak = np.maximum(weights.max(axis=1, keepdims=True),
+                      sparse_weights.max(axis=1, keepdims=True, initial=0.0))
+    sparse = engine_sparse(state.sparse, row_texts, sparse_weights / peak)
     t0 = time.perf_counter()
     engine_start_ns = time.time_ns()
-    res = state.search(queries, weights / peak, k)
+    res = state.search(queries, weights / peak, k, sparse=sparse)
     metrics.engine_duration.labels(backend=state.engine.name).observe(time.perf_counter() - t0)
     if traced:
         _record_stages(traced, started_ns, encode_ns, (engine_start_ns, time.time_ns()),
@@ -202,12 +218,15 @@ def _score_group(jobs: Sequence[Job], metrics: Metrics) -> list[list[QueryHits]]
     row = 0
     for job in jobs:
         hits = []
+        # a job that weighs no sparse block reports the dense columns only, however it was batched
+        names = columns(layout, sparse_names, sparse_weights[row]) if sparse is not None else layout.names
         for r in range(row, row + job.size):
             hits.append(
                 QueryHits(
                     scores=res.scores[r, : job.k].astype(np.float64) * peak[r, 0],
                     rows=res.rows[r, : job.k],
-                    subspace_scores=res.subspace_scores[r, : job.k],
+                    subspace_scores=res.subspace_scores[r, : job.k, : len(names)],
+                    columns=names,
                 )
             )
         out.append(hits)
@@ -347,6 +366,7 @@ class MicroBatcher:
         *,
         stages: list[tuple[str, int, int, dict[str, Any]]] | None = None,
         arrival: Arrival | None = None,
+        sparse_weights: np.ndarray | None = None,
     ) -> list[QueryHits]:
         """Queue the queries; return one :class:`QueryHits` per query, in order.
 
@@ -358,6 +378,8 @@ class MicroBatcher:
         queries (:mod:`service.tracing`), or None. ``arrival``: when the request reached the
         server (:class:`service.search.admission.Arrival`, made by the admission middleware);
         its wait since counts against the budget, and it learns how many slices it was queued as.
+        ``sparse_weights``: ``(S,)`` weights of ``state.sparse``'s blocks (``None``: 0;
+        :mod:`service.sparse_query`).
         """
         if self._closed or self._task is None:
             raise NotReadyError("the service is shutting down")
@@ -373,7 +395,9 @@ class MicroBatcher:
         )
         step = self.max_batch
         for off in range(0, n, step):
-            req.slices.append(Job(state, queries[off : off + step], block_weights, k, req, off))
+            req.slices.append(
+                Job(state, queries[off : off + step], block_weights, k, req, off, sparse_weights)
+            )
         req.open_slices = len(req.slices)
         if arrival is not None:  # for the admission middleware's measure of this request
             arrival.slices = req.open_slices

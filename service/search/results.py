@@ -99,6 +99,7 @@ def build_results(
     for h in hits:
         out = []
         rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
+        cols = names if h.columns is None else h.columns  # with sparse blocks: theirs after the dense
         # a backend that stores documents itself (milvus) names its hits; rows -1 pad short lists
         live = state.engine.documents(h.rows[h.rows >= 0]) if state.engine.capabilities.metadata else None
         for j, (row, score, sub) in enumerate(zip(rows, scores, subs, strict=True)):
@@ -107,7 +108,7 @@ def build_results(
             hit: dict[str, Any] = {
                 "id": ids[row] if live is None else live[j][0],
                 "score": score,
-                "subspace_scores": dict(zip(names, sub, strict=True)),
+                "subspace_scores": dict(zip(cols, sub, strict=True)),
             }
             size += per_hit + len(hit["id"])
             doc = live[j][1] if live is not None else docs[row] if docs is not None else None

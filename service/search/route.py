@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 from fastapi import FastAPI
 
+from service import sparse_query
 from service.errors import NotReadyError
 from service.exposure import log_search_exposure
 from service.filtering import filter_context, filtered
@@ -116,22 +117,24 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
     state, metrics = ctx.state, ctx.metrics
     max_bytes = ctx.settings.max_response_bytes
     resolved = ctx.registry.current.resolve(
-        state.layout,
+        state.weight_layout,  # the layout's names and the bundle's sparse blocks' (service.sparse_query)
         weights=body.weights,
         operating_point=body.operating_point,
         experiment=body.experiment,
         unit_id=body.unit_id,
     )
     queries = prepare_queries(body.queries, state)
+    dense_weights, sparse_weights = sparse_query.for_request(body, resolved, state)
     if body.filter is not None:  # scored in its own engine call, over the rows the filter allows
         state = filtered(state, filter_context(state).compile(body.filter))
     stages = ctx.tracing.stages()  # None unless traced: then the batch's stage times land here
     hits = await ctx.batcher.submit(
-        state, queries, resolved.block_weights, body.k, ctx.receive, stages=stages, arrival=ctx.arrival
+        state, queries, dense_weights, body.k, ctx.receive, stages=stages, arrival=ctx.arrival,
+        sparse_weights=sparse_weights,
     )
     ctx.tracing.record_stages(stages)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
-    _observe_weights(metrics, state.layout, resolved.block_weights, len(queries))
+    _observe_weights(metrics, state.weight_layout, resolved.block_weights, len(queries))
     exposure = resolved.experiment is not None and resolved.arm is not None and not resolved.excluded
     if exposure:
         metrics.experiment_requests.labels(experiment=resolved.experiment, arm=resolved.arm).inc(len(queries))

@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("experiment")
             p.add_argument("unit_ids", nargs="+", metavar="UNIT_ID")
         source = p.add_mutually_exclusive_group(required=True)
-        source.add_argument("--bundle", help="bundle directory: its layout and manifest operating points")
+        source.add_argument("--bundle", help="bundle dir: its layout, sparse blocks, operating points")
         source.add_argument("--layout", type=_layout_arg, help="name=dim,... when no bundle is at hand")
     return parser
 
@@ -51,7 +51,7 @@ def _load(args: argparse.Namespace) -> Registry:
         from subspace.bundle import read_bundle
 
         bundle = read_bundle(args.bundle, verify_checksums=False)
-        return Registry.load(args.file, bundle.layout, bundle.operating_points)
+        return Registry.load(args.file, bundle.weight_layout, bundle.operating_points)
     return Registry.load(args.file, args.layout)
 
 

@@ -109,7 +109,7 @@ class RegistryWatcher:
             docs.append(("bundle", None))
         for source, doc in docs:
             try:
-                return Registry.parse(doc, bundle.layout, bundle.operating_points, source=source)
+                return Registry.parse(doc, bundle.weight_layout, bundle.operating_points, source=source)
             except RegistryError as exc:
                 errors.append(exc.message)
         raise RegistryError("registry does not fit the bundle: " + "; ".join(errors))
@@ -118,9 +118,10 @@ class RegistryWatcher:
         """Adopt the layout and manifest operating points of a newly served bundle.
 
         Never raises for registry problems (the bundle is already served): it installs the best
-        registry that fits (see the module docstring) and logs and counts what did not.
+        registry that fits (see the module docstring) and logs and counts what did not. Weights
+        are keyed by the bundle's weight layout: its blocks and its sparse blocks.
         """
-        self.set_layout(bundle.layout, bundle.operating_points)
+        self.set_layout(bundle.weight_layout, bundle.operating_points)
 
     def set_layout(self, layout: SubspaceLayout, bundle_points: Mapping[str, Any] | None = None) -> None:
         """:meth:`set_bundle` for a layout without a bundle (tests, tools)."""

@@ -135,6 +135,12 @@
   // ---------------------------------------------------------------- served layout and registry
   const served = { layout: null, points: [], experiments: [], defaultPoint: null, version: "" };
 
+  // Every weight a request may set: the subspaces, then the bundle's sparse blocks (BM25 over the
+  // corpus vocabulary, scored from the query text; /v1/layout lists them under `sparse`).
+  function weighable() {
+    return [...served.layout.subspaces, ...(served.layout.sparse || []).map((s) => ({ ...s, sparse: true }))];
+  }
+
   function presetOptions() {
     const options = [{ value: "defaults", label: "layout defaults", weights: served.layout.default_weights }];
     for (const p of served.points) {
@@ -171,7 +177,7 @@
 
   function registrySnippet(name, weights) {
     const key = (k) => (PLAIN_KEY.test(k) ? k : JSON.stringify(k));
-    const pairs = served.layout.subspaces.map((s) => `${key(s.name)}: ${yamlNumber(weights[s.name])}`);
+    const pairs = weighable().map((s) => `${key(s.name)}: ${yamlNumber(weights[s.name])}`);
     const description = `saved from the playground (bundle ${served.version})`;
     return [
       "# Add under operating_points: in the registry file (ESP_REGISTRY); check it before it ships:",
@@ -193,7 +199,7 @@
       this.sliders = {};
       this.numbers = {};
       this.values = {};
-      const names = served.layout.subspaces.map((s) => s.name);
+      const names = weighable().map((s) => s.name);
       this.fieldset = el("fieldset", { class: "weights", id: id, dataset: { field: "weights" } },
         el("legend", { text: title }));
       this.picker = el("select", { id: `${id}-preset`, "aria-describedby": `${id}-preset-desc` });
@@ -205,7 +211,7 @@
       );
       this.fillPicker();
       this.picker.addEventListener("change", () => this.pick(this.picker.value));
-      for (const s of served.layout.subspaces) this.fieldset.append(this.slider(s));
+      for (const s of weighable()) this.fieldset.append(this.slider(s));
       if (save) this.fieldset.append(this.savePanel());
       this.set(served.layout.default_weights, false);
       if (names.length === 0) this.fieldset.append(el("p", { text: "the layout has no subspaces" }));
@@ -242,7 +248,7 @@
       this.numbers[sub.name] = number;
       this.values[sub.name] = value;
       return el("div", { class: "slider", dataset: { field: `weights.${sub.name}` } },
-        el("label", { for: sliderId }, sub.name, el("span", { class: "hint", text: ` (dim ${sub.dim})` })),
+        el("label", { for: sliderId }, sub.name, el("span", { class: "hint", text: sub.sparse ? " (sparse BM25, text queries)" : ` (dim ${sub.dim})` })),
         range, number, value);
     }
 
@@ -284,7 +290,7 @@
 
     // Show `weights` (missing names: layout defaults) on the sliders; notify when `notify`.
     set(weights, notify = true) {
-      for (const s of served.layout.subspaces) {
+      for (const s of weighable()) {
         const w = Number(weights[s.name] ?? served.layout.default_weights[s.name]);
         this.weights[s.name] = w;
         this.show(s.name, null);
@@ -327,7 +333,7 @@
     }
 
     weightText(weights = this.weights) {
-      return served.layout.subspaces.map((s) => `${s.name} ${fmtWeight(Number(weights[s.name]))}`).join(" · ");
+      return weighable().map((s) => `${s.name} ${fmtWeight(Number(weights[s.name]))}`).join(" · ");
     }
 
     copy() {
@@ -441,7 +447,7 @@
   }
 
   function hitView(hit, rank, weights, marker) {
-    const names = served.layout.subspaces.map((s) => s.name);
+    const names = weighable().map((s) => s.name);
     const contributions = names.map((n) => (weights[n] ?? 0) * (hit.subspace_scores[n] ?? 0));
     const total = contributions.reduce((a, c) => a + Math.abs(c), 0) || 1;
     const rows = names.map((n, i) => {
@@ -671,7 +677,8 @@
         served.defaultPoint = points.default_operating_point;
         served.experiments = experiments.experiments;
         served.version = layout.bundle_version;
-        const dims = layout.subspaces.map((s) => `${s.name} ${s.dim}`).join(", ");
+        const dims = [...layout.subspaces.map((s) => `${s.name} ${s.dim}`),
+          ...(layout.sparse || []).map((s) => `${s.name} sparse`)].join(", ");
         status.textContent = `Bundle ${layout.bundle_version}: ${ready.num_docs} documents, D=${layout.dim} (${dims}), backend ${ready.backend}.`;
         pageError.hidden = true;
         break;

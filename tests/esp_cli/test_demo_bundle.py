@@ -1,7 +1,8 @@
 """The demo bundle that ``make demo`` trains (configs/demo.yaml, the shipped data): the knob works.
 
 Trains the real recipe once per session (frozen MiniLM from the shipped features, ~1 min on 2
-cores) and asks the question the demo prints: with the demo's entity-heavy weights, the top 3 for
+cores) and asks the question the demo prints (ranked as the service does, the BM25 block
+included): with the demo's entity-heavy weights, the top 3 for
 "who is robert gray" are about Robert Gray, not about other people called Gray. No ids are
 hard-coded: the passages are read back from the bundle and checked for the name.
 """
@@ -16,8 +17,9 @@ import pytest
 
 from encoder import QueryEncoder
 from subspace.bundle import read_bundle
+from subspace.engine.numpy_backend import NumpyBackend
+from subspace.engine.sparse_terms import SparseQuery
 from subspace.weights import resolve_block_weights
-from training.heldout import engine_topk
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,10 +38,15 @@ def demo_bundle(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _top(bundle_dir: Path, query: str, weights: dict[str, float], k: int = 3) -> list[str]:
+    """The top ``k`` passages as the service ranks them: dense blocks and the sparse BM25 block."""
     b = read_bundle(bundle_dir)
     assert b.encoder_dir is not None
     q = QueryEncoder.load(b.encoder_dir).encode([query])
-    _, rows = engine_topk(q, np.asarray(b.embeddings), b.layout, resolve_block_weights(weights, b.layout), k)
+    w = resolve_block_weights(weights, b.weight_layout)
+    dense, sparse = w[: len(b.layout)], w[len(b.layout):]
+    engine = NumpyBackend(np.asarray(b.embeddings), b.layout, threads=1, sparse_blocks=b.sparse)
+    terms = {n: SparseQuery(block.encode([query]), sparse[i]) for i, (n, block) in enumerate(b.sparse.items())}
+    rows = engine.search(q, dense, k, sparse=terms or None).rows
     docs = b.docs()
     assert docs is not None
     return [str(docs[int(r)]["text"]) for r in rows[0]]
@@ -47,22 +54,26 @@ def _top(bundle_dir: Path, query: str, weights: dict[str, float], k: int = 3) ->
 
 def test_entity_heavy_weights_put_robert_gray_on_top(demo_bundle: Path) -> None:
     from esp_cli.demo import DEFAULT_QUERY, weight_vectors
-    from service.schemas import LayoutResponse, SubspaceInfo
+    from service.schemas import LayoutResponse, SparseInfo, SubspaceInfo
 
     b = read_bundle(demo_bundle)
+    assert list(b.sparse) == ["bm25"]  # configs/demo.yaml builds the BM25 block into the bundle
+    assert dict(zip(b.weight_layout.names, b.weight_layout.default_weights().tolist(), strict=True)) == {
+        "semantic": 0.6, "entity": 0.1, "intent": 0.0, "bm25": 0.3}
     layout = LayoutResponse(
         dim=b.layout.dim,
         subspaces=[SubspaceInfo(name=o.name, dim=o.dim, offset=o.offset, loss=o.loss,
                                 default_weight=o.default_weight) for o in b.layout.objectives],
-        default_weights={o.name: o.default_weight for o in b.layout.objectives},
+        default_weights={o.name: o.default_weight for o in b.weight_layout.objectives},
         bundle_version=str(b.manifest.get("version", "")),
+        sparse=[SparseInfo(**e) for e in b.manifest["sparse"]],
     )
     assert DEFAULT_QUERY == "who is robert gray"
     name = re.compile(r"\brobert\s+gray\b", re.IGNORECASE)
     entity_heavy = _top(demo_bundle, DEFAULT_QUERY, weight_vectors(layout)["entity-heavy"])
     assert all(name.search(t) for t in entity_heavy), entity_heavy
     # and the knob is what does it: the semantic block alone ranks other Grays among the top 3
-    semantic_only = _top(demo_bundle, DEFAULT_QUERY, {n: float(n == "semantic") for n in b.layout.names})
+    semantic_only = _top(demo_bundle, DEFAULT_QUERY, {n: float(n == "semantic") for n in b.weight_layout.names})
     assert not all(name.search(t) for t in semantic_only), semantic_only
 
 

@@ -25,6 +25,7 @@ def frozen_run(tiny_data_dir: Path, tiny_bert_dir: Path, tmp_path_factory: pytes
         tiny_bert_dir,
         optim={"steps": 60, "lr": 0.01, "warmup_steps": 0},
         export={"enabled": True, "corpus": "trec"},
+        sparse={"name": "bm25", "default_weight": 0.25},
     )
     out = tmp_path_factory.mktemp("run")
     return train(cfg, out, progress=False), out
@@ -174,3 +175,20 @@ def test_weighting_may_learn_parameters_and_see_gradient_norms(tiny_data_dir: Pa
     assert recs[1]["tasks"]["semantic"]["lambda"] < 1.0 == recs[0]["tasks"]["semantic"]["lambda"]
     for rec, norms in zip(recs, parts.weighting.seen, strict=True):
         assert [v["grad_norm"] for v in rec["tasks"].values()] == pytest.approx(norms.tolist(), abs=1e-5)
+
+
+def test_the_bundle_carries_the_configured_bm25_block(frozen_run, tiny_data_dir: Path) -> None:
+    from subspace.bundle import read_bundle
+    from training.data.trec import iter_corpus
+    from training.sparse_lexical import build_bm25
+
+    result, _ = frozen_run
+    b = read_bundle(result.bundle_path)
+    assert list(b.sparse) == ["bm25"] and b.sparse_defaults == {"bm25": 0.25}
+    block = b.sparse["bm25"]
+    text_of = dict(iter_corpus(tiny_data_dir))
+    # over the exported corpus' texts as embedded (docs.jsonl holds their repaired display form)
+    want = build_bm25([text_of[i] for i in b.ids])
+    assert block.vocab == want.vocab and block.params == want.params
+    assert (block.docs != want.docs).nnz == 0
+    assert b.weight_layout.names == (*b.layout.names, "bm25")

@@ -14,7 +14,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from training.config import read_yaml_mapping
+from training.config import SparseBlockSpec, read_yaml_mapping
 
 Year = Literal["dl19", "dl20"]
 _YEARS: tuple[Year, ...] = ("dl20", "dl19")
@@ -35,16 +35,6 @@ class HybridSpec(_Strict):
                               description="fuse each retriever's top `depth` (null: the whole corpus)")
     alpha_step: float = Field(default=0.05, gt=0, le=1, description="minmax: the BM25 weight's sweep grid")
     rrf_k: float = Field(default=60.0, gt=0)
-
-
-class SparseBlockSpec(_Strict):
-    """A sparse BM25 block scored beside a model's dense blocks (:mod:`subspace.sparse`)."""
-
-    name: str = Field(default="bm25", pattern=r"^[a-z][a-z0-9_]{0,62}$")
-    k1: float = Field(default=0.9, gt=0)
-    b: float = Field(default=0.4, ge=0, le=1)
-    stopwords: str | None = "en"
-    default_weight: float = Field(default=1.0, ge=0, description="its weight at the method's default weights")
 
 
 class MethodSpec(_Strict):

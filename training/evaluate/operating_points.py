@@ -133,18 +133,21 @@ def write_operating_points(bundle_path: str | Path, points: Mapping[str, Mapping
 
     The bundle is re-written atomically with :func:`subspace.bundle.write_bundle` (embeddings,
     ids, docs, encoder and every other manifest section carried over unchanged); every weight
-    is validated against the bundle's layout first, so a bad point never reaches the service.
+    is validated against the bundle's layout first (its sparse blocks' names included: the
+    weights a request may carry), so a bad point never reaches the service; the sparse blocks
+    are carried over with their default weights.
     """
     path = Path(bundle_path)
     bundle = read_bundle(path, mmap=False)
+    names = bundle.weight_layout
     clean: dict[str, Any] = {}
     for name, point in points.items():
         if not isinstance(point, Mapping) or "weights" not in point:
             raise ValueError(f"operating_points.{name} must be an object with 'weights'")
         field = f"operating_points.{name}.weights"
-        w = resolve_block_weights(dict(point["weights"]), bundle.layout, field=field)
-        clean[name] = {**copy.deepcopy(dict(point)), "weights": weights_dict(w, bundle.layout)}
-    reserved = {"format_version", "version", "layout", "corpus", "files"}
+        w = resolve_block_weights(dict(point["weights"]), names, field=field)
+        clean[name] = {**copy.deepcopy(dict(point)), "weights": weights_dict(w, names)}
+    reserved = {"format_version", "version", "layout", "corpus", "files", "sparse"}
     sections = {k: v for k, v in bundle.manifest.items() if k not in reserved}
     sections["operating_points"] = clean
     return write_bundle(
@@ -156,6 +159,8 @@ def write_operating_points(bundle_path: str | Path, points: Mapping[str, Mapping
         encoder_dir=bundle.encoder_dir,
         sections=sections,
         overwrite=True,
+        sparse=bundle.sparse,
+        sparse_weights=bundle.sparse_defaults,
     )
 
 
@@ -178,7 +183,7 @@ def attach_operating_points(
 
     from subspace.scoring import normalize_blocks
     from training.evaluate.benchmark import load_dl
-    from training.evaluate.retrieval import score_dl, simplex_grid
+    from training.evaluate.retrieval import score_dl_sweep, simplex_grid
 
     log = logging.getLogger(__name__)
     path = Path(bundle_path)
@@ -198,14 +203,19 @@ def attach_operating_points(
     corpus = np.asarray(bundle.embeddings)[[row_of[p] for p in bench.pids]]
     year = config.split.heldout_year
     qids = list(bench.queries[year])
-    q = normalize_blocks(np.asarray(model.encode([bench.queries[year][x] for x in qids]), np.float32), layout)
+    texts = [bench.queries[year][x] for x in qids]
+    q = normalize_blocks(np.asarray(model.encode(texts), np.float32), layout)
     queries = dict(zip(qids, q.astype(corpus.dtype), strict=True))
+    order = [row_of[p] for p in bench.pids]  # the sparse blocks' scores, in the corpus order above
+    sparse = {name: block.scores(block.encode(texts))[:, order] for name, block in bundle.sparse.items()}
+    names = bundle.weight_layout  # the sweep weighs the sparse blocks too: the points are measured
+    grid = simplex_grid(list(names.names), step)
+    scores = score_dl_sweep(bench, corpus, queries, layout, sweep=grid, year=year, sparse=sparse or None)
     curve = []
-    for w in simplex_grid(list(layout.names), step):
-        s = score_dl(bench, corpus, queries, layout, weights=w, year=year)
+    for w, s in zip(grid, scores, strict=True):
         curve.append({"weights": w, "metrics": {SEMANTIC_METRIC: s.ndcg, ENTITY_METRIC: s.entity_p,
                                                 SEMANTIC_METRIC + "_se": standard_error(s.per_query_ndcg)}})
     points = compute_operating_points(
-        curve, layout, context=f"held-out {year} queries of this training run, weight grid step {step}")
+        curve, names, context=f"held-out {year} queries of this training run, weight grid step {step}")
     write_operating_points(path, points)
     return points

@@ -60,6 +60,20 @@ def test_points_written_for_an_esp_bundle(sliced: Path, tmp_path: Path) -> None:
     assert points["semantic_first"]["metrics"]["ndcg@10"] >= best - SEMANTIC_BUDGET - 1e-12
 
 
+def test_a_bundles_sparse_block_is_swept_and_kept(sliced: Path, tmp_path: Path) -> None:
+    from tests.live_fixtures import with_bm25
+
+    dense, model, cfg = _export(tmp_path, sliced, "esp")
+    path = with_bm25(dense, tmp_path / "bundle-bm25", weight=0.3)
+    points = attach_operating_points(path, model, cfg, step=0.5)
+    b = read_bundle(path)  # the rewrite kept the block, its files and its default weight
+    assert list(b.sparse) == ["bm25"] and b.sparse_defaults == {"bm25": 0.3}
+    assert b.operating_points == points
+    for p in points.values():  # measured with the block in the sweep, not completed from its default
+        assert set(p["weights"]) == {"semantic", "entity", "intent", "bm25"}
+        assert sum(p["weights"].values()) == pytest.approx(1.0)
+
+
 def test_single_head_bundle_is_left_alone(sliced: Path, tmp_path: Path) -> None:
     path, model, cfg = _export(tmp_path, sliced, "single_head")
     before = (path / "manifest.json").read_text()

@@ -134,8 +134,8 @@ def test_sparse_block_joins_the_sweep(quick_run: tuple[Path, Path]) -> None:
 
 def test_operating_points_with_a_sparse_block_are_not_written_into_a_bundle(
         quick_run: tuple[Path, Path], capsys: pytest.CaptureFixture[str]) -> None:
-    """The front's points weigh the sparse block, which a bundle cannot serve yet: refused at once,
-    naming it, and the bundle is left as it was."""
+    """The front's points weigh the sparse block, which this bundle does not carry: refused at
+    once, naming it, and the bundle is left as it was."""
     out, bundle_path = quick_run
     before = read_bundle(bundle_path).operating_points
     rc = main(["eval", "--quick", "--config", str(CONFIG), "--out", str(out / "again"), "--bundle", str(bundle_path)])
