@@ -42,6 +42,7 @@ from service.errors import NotReadyError
 from service.exposure import log_search_exposure
 from service.filtering import filter_context, filtered
 from service.metrics import Metrics
+from service.page import DISPLAY_FIELDS, SearchPage, search_page
 from service.routes.deps import SearchContext, SearchContextDep
 from service.schemas import Query, SearchRequest, SearchResponse, error_responses
 from service.state import ServingState
@@ -199,7 +200,6 @@ def _tracing(scope: Any) -> Tracing:
 
 #: Responses with more hits than this are built on a worker thread, off the event loop.
 _BUILD_INLINE_MAX_HITS = 4096
-_DOC_FIELDS = ("text", "title", "url")
 
 
 def _layout_desc(layout: SubspaceLayout) -> str:
@@ -270,10 +270,11 @@ def _too_large(size: int, limit: int) -> FieldError:
 
 
 def build_results(
-    state: ServingState, hits: list[QueryHits], max_bytes: int | None = None
+    state: ServingState, hits: list[QueryHits], max_bytes: int | None = None, page: SearchPage | None = None
 ) -> list[dict[str, Any]]:
     """The ``results`` of a response. With ``max_bytes``, the body's size is estimated as it is
-    built and a :class:`FieldError` raised as soon as it exceeds the limit."""
+    built and a :class:`FieldError` raised as soon as it exceeds the limit. ``page``: which of
+    each query's ranked hits are returned and what fields they carry (:mod:`service.page`)."""
     names = state.layout.names
     ids, docs = state.bundle.ids, state.docs
     per_hit = _HIT_OVERHEAD + _SUBSPACE_BYTES * len(names)
@@ -282,8 +283,12 @@ def build_results(
     for h in hits:
         out = []
         rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
+        if page is not None:
+            shown = page.cut(rows, scores)
+            rows, scores, subs = rows[shown], scores[shown], subs[shown]
         # a backend that stores documents itself (milvus) names its hits; rows -1 pad short lists
-        live = state.engine.documents(h.rows[h.rows >= 0]) if state.engine.capabilities.metadata else None
+        found = [r for r in rows if r >= 0]
+        live = state.engine.documents(found) if state.engine.capabilities.metadata and found else None
         for j, (row, score, sub) in enumerate(zip(rows, scores, subs, strict=True)):
             if row < 0:
                 break
@@ -294,8 +299,11 @@ def build_results(
             }
             size += per_hit + len(hit["id"])
             doc = live[j][1] if live is not None else docs[row] if docs is not None else None
-            if doc is not None:
-                for key in _DOC_FIELDS:
+            if page is not None and page.fields is not None:
+                hit["fields"] = selected = page.hit_fields(doc)
+                size += sum(len(name) + len(str(value)) + 8 for name, value in selected.items())
+            elif doc is not None:
+                for key in DISPLAY_FIELDS:
                     value = doc.get(key)
                     if isinstance(value, str):
                         hit[key] = value
@@ -381,12 +389,21 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
         experiment=body.experiment,
         unit_id=body.unit_id,
     )
+    page = search_page(
+        ctx.settings,
+        filter_context(state).schema if body.fields is not None else None,
+        n_queries=len(body.queries),
+        k=body.k,
+        offset=body.offset,
+        score_threshold=body.score_threshold,
+        fields=body.fields,
+    )
     queries = prepare_queries(body.queries, state)
     if body.filter is not None:  # scored in its own engine call, over the rows the filter allows
         state = filtered(state, filter_context(state).compile(body.filter))
     stages = ctx.tracing.stages()  # None unless traced: then the batch's stage times land here
     hits = await ctx.batcher.submit(
-        state, queries, resolved.block_weights, body.k, ctx.receive, stages=stages
+        state, queries, resolved.block_weights, page.engine_k, ctx.receive, stages=stages
     )
     ctx.tracing.record_stages(stages)
     # Counted once served (not when refused with 429); experiment counts are exposures only.
@@ -395,9 +412,9 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
     if exposure:
         metrics.experiment_requests.labels(experiment=resolved.experiment, arm=resolved.arm).inc(len(queries))
     if sum(len(h.rows) for h in hits) > _BUILD_INLINE_MAX_HITS:
-        results = await asyncio.to_thread(build_results, state, hits, max_bytes)
+        results = await asyncio.to_thread(build_results, state, hits, max_bytes, page)
     else:
-        results = build_results(state, hits, max_bytes)
+        results = build_results(state, hits, max_bytes, page)
     if exposure:  # latency by arm: the A/B dashboard compares arms on it
         metrics.experiment_request_duration.labels(experiment=resolved.experiment, arm=resolved.arm).observe(
             time.perf_counter() - started
