@@ -7,7 +7,8 @@ engine is closed only after its last request.
 
 Cost per request is bounded: at most ``max_queries`` queries, ``k <= max_k``, queries x k at most
 ``max_hits`` and a response body of at most ``max_response_bytes`` (each a 422 naming the limit
-and its setting); the response is measured while it is built, so an oversized one stops early.
+and its setting), ``offset + k`` within the same limits (:mod:`service.page`); the response is
+measured while it is built, so an oversized one stops early.
 
 The route is an ordinary FastAPI route (dependencies, overrides, the app's middleware and
 exception handlers all apply); only JSON goes through pydantic-core's Rust codec, because a
