@@ -4,7 +4,7 @@ The table is generated from ``service.config.Settings`` and ``MilvusSettings``
 (``python -m deploy.settings_doc``): it fails here when it drifts from them. Every setting has
 a place in the chart (``deploy.settings_doc.HELM``), and the chart renders each one into the
 pod's environment with the value given (rendered here, value by value). Every ``ESP_*`` name
-the docs, the chart and the server's messages mention is a setting.
+the docs, the chart, the manifests, the Dockerfiles and the server's messages mention is a setting.
 """
 
 from __future__ import annotations
@@ -144,6 +144,8 @@ def _mentions() -> dict[str, set[str]]:
         *(REPO_ROOT / "service").rglob("*.py"),
         *(REPO_ROOT / "esp_cli").glob("*.py"),
         *(p for p in CHART_DIR.rglob("*") if p.is_file() and p.suffix in {".yaml", ".md", ".tpl", ".txt", ".json"}),
+        *(REPO_ROOT / "k8s-manifests").rglob("*.yaml"),
+        *(REPO_ROOT / "docker").glob("*Dockerfile*"),
     ]
     found: dict[str, set[str]] = defaultdict(set)
     for path in files:
