@@ -54,7 +54,7 @@ clean:
 	rm -rf $(VENV) .pytest_cache .mypy_cache .ruff_cache
 
 # --- Deployment: docker/, helm/esp-retrieval/, k8s-manifests/, deploy/ (all checks run offline) ---
-.PHONY: dashboards manifests deploy-check monitor-check
+.PHONY: dashboards manifests settings-doc deploy-check monitor-check
 
 # Regenerate the Grafana dashboards (deploy/dashboards.py) into helm/esp-retrieval/dashboards/.
 dashboards: setup
@@ -63,6 +63,10 @@ dashboards: setup
 # Re-render k8s-manifests/ (kustomize base + overlays cpu, gpu) from the chart.
 manifests: setup
 	$(PY) -m deploy.manifests
+
+# Regenerate docs/settings.md (every ESP_* setting, where the chart sets it) from service/config.py.
+settings-doc: setup
+	$(PY) -m deploy.settings_doc
 
 # Every deployment check: chart render + strict schema validation, manifests drift, hadolint,
 # promtool on alerts and dashboard queries, metrics exported by a live service, Prometheus.

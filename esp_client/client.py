@@ -100,9 +100,14 @@ def search_json(
     experiment: str | None = None,
     unit_id: str | None = None,
     filter: Mapping[str, Any] | None = None,
+    offset: int | None = None,
+    score_threshold: float | None = None,
+    fields: Sequence[str] | None = None,
 ) -> dict[str, Any]:
     """The ``POST /v1/search`` body. A lone text, vector or mapping is one query; a 2-D array is rows.
-    ``filter``: a metadata filter, e.g. ``{"field": "lang", "eq": "en"}`` (see the README)."""
+    ``filter``: a metadata filter, e.g. ``{"field": "lang", "eq": "en"}`` (see the README).
+    ``offset``: hits of the ranking skipped (page ``p``: ``offset=p * k``); ``score_threshold``:
+    only hits scoring at least it; ``fields``: the metadata fields each hit returns (``hit.fields``)."""
     items: list[Any]
     if isinstance(queries, str | Mapping):
         items = [queries]
@@ -120,6 +125,9 @@ def search_json(
         ("experiment", experiment),
         ("unit_id", unit_id),
         ("filter", dict(filter) if filter is not None else None),
+        ("offset", offset),
+        ("score_threshold", score_threshold),
+        ("fields", list(fields) if fields is not None else None),
     ):
         if value is not None:
             body[key] = value
@@ -321,7 +329,8 @@ class ESPClient:
         return call.parse(resp)
 
     def search(self, queries: Sequence[QueryLike] | QueryLike, **kw: Any) -> SearchResponse:
-        """``kw``: ``k``, ``weights``, ``operating_point``, ``experiment``, ``unit_id``."""
+        """``kw``: ``k``, ``weights``, ``operating_point``, ``experiment``, ``unit_id``, ``filter``,
+        ``offset``, ``score_threshold``, ``fields``."""
         return self._do(self._calls.search(queries, **kw))
 
     def layout(self) -> LayoutResponse:

@@ -36,6 +36,7 @@ class Hit(_Answer):
     text: str | None = None
     title: str | None = None
     url: str | None = None
+    fields: dict[str, str | int | float | bool | None] | None = None  # the request's ``fields``
 
 
 class QueryResult(_Answer):

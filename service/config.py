@@ -1,6 +1,10 @@
 """Service settings from the environment (prefix ``ESP_``), e.g. ``ESP_BUNDLE=/models/demo``.
 
 Loaded once via :func:`get_settings` and injected with ``Depends`` so tests override them.
+This class (with :class:`~service.engine.milvus_backend.MilvusSettings`, ``ESP_MILVUS_*``) is
+the one source of the settings: ``docs/settings.md`` is generated from its fields
+(``python -m deploy.settings_doc``), and a test fails when either drifts or when a setting is
+missing from the Helm chart.
 """
 
 from __future__ import annotations
@@ -47,8 +51,8 @@ class Settings(BaseSettings):
     admin_token: SecretStr | None = Field(
         None, description="bearer token for /v1/admin/*; admin routes are disabled without one"
     )
-    host: str = "127.0.0.1"
-    port: int = Field(8000, ge=1, le=65535)
+    host: str = Field("127.0.0.1", description="address the server binds (esp serve --host)")
+    port: int = Field(8000, ge=1, le=65535, description="port the server listens on (esp serve --port)")
     backend: str = Field("auto", description=f"engine backend: {', '.join(['auto', *BACKENDS])}")
     precision: str = Field("float32", description=f"index precision: {', '.join(PRECISIONS)}")
     threads: int | None = Field(None, ge=1, description="engine threads (default: all cores)")
@@ -92,7 +96,8 @@ class Settings(BaseSettings):
     max_cluster_jobs: int = Field(1, ge=1, description="clustering requests run at once; more get 429")
     # --- cost per request and admission (README "Limits") ---
     max_hits: int = Field(
-        10_000, ge=1, description="queries x k per search request (the hits it asks for); more is 422"
+        10_000, ge=1,
+        description="queries x (offset + k) per search request (the hits it ranks); more is 422",
     )
     max_response_bytes: int = Field(
         16 * 1024 * 1024, ge=4096, description="largest search response body; a larger one is 422"

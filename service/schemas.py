@@ -21,6 +21,7 @@ from subspace.filters import FILTER_TAGS, Filter
 
 MAX_TEXT_CHARS = 10_000
 MAX_NAME_CHARS = 200
+MAX_FIELDS = 256  # metadata fields one search may ask for
 
 #: Discriminator tags; they appear in pydantic's error locations and are removed from ``field``.
 UNION_TAGS = frozenset({"By-Name", "In-Order", "Full", "Per-Subspace", *FILTER_TAGS})
@@ -94,6 +95,21 @@ class SearchRequest(BaseModel):
         ..., min_length=1, description="1 .. max_queries queries (setting ESP_MAX_QUERIES)"
     )
     k: int = Field(10, ge=1, description="hits per query, 1 .. max_k (setting ESP_MAX_K)")
+    offset: int = Field(
+        0,
+        ge=0,
+        description="hits of the exact ranking skipped first (pagination: offset = page x k); "
+        "offset + k at most max_k (setting ESP_MAX_K)",
+    )
+    score_threshold: Annotated[float, Field(strict=True, allow_inf_nan=False)] | None = Field(
+        None, description="only hits whose score is >= this (fewer than k when the ranking falls below it)"
+    )
+    fields: Annotated[list[Name], Field(max_length=MAX_FIELDS)] | None = Field(
+        None,
+        description="metadata fields (GET /v1/layout metadata_fields) each hit returns in its object "
+        "'fields' (null where a document has none); without it hits carry the display fields "
+        "text, title, url",
+    )
     weights: Weights | None = Field(
         None,
         description="per-subspace weights (finite, >= 0, not all zero), keyed by the layout's names and "
@@ -118,6 +134,9 @@ class Hit(BaseModel):
     text: str | None = Field(None, description="display text, when the bundle has docs.jsonl")
     title: str | None = None
     url: str | None = None
+    fields: dict[str, str | int | float | bool | None] | None = Field(
+        None, description="the request's fields of the document, in their metadata types (null: no value)"
+    )
 
 
 class QueryResult(BaseModel):

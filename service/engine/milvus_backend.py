@@ -62,6 +62,7 @@ from subspace.filters import (
     MetadataSchema,
     allowed_rows_expression,
     coerce_value,
+    format_date,
     presence_field,
     quote,
 )
@@ -73,7 +74,6 @@ ID, ROW, VECTOR = "esp_id", "esp_row", "esp_vector"
 LIVE_ROW0 = 1 << 62  # rows of documents written live: LIVE_ROW0 + 62-bit hash of the id
 MAX_TOPK = 16384  # Milvus' largest limit per search
 MAX_ID_BYTES = 65535
-DISPLAY_FIELDS = ("text", "title", "url")
 EXACT_INDEXES = ("FLAT", "GPU_BRUTE_FORCE")
 INDEXES = ("FLAT", "IVF_FLAT", "HNSW", "AUTOINDEX", "GPU_BRUTE_FORCE")
 CONSISTENCY: Final = "Strong"
@@ -429,7 +429,7 @@ class MilvusBackend(Backend):
         except Exception as exc:
             self._client.close()
             raise BackendUnavailable(f"milvus: {exc}") from exc
-        self._display = [f for f in DISPLAY_FIELDS if self.metadata_schema.fields.get(f) == FieldType.STRING]
+        self._fields = dict(self.metadata_schema.fields)
         # stored vectors: block-normalised float32; live writes are normalised the same way
         self._max_block_norm = np.maximum(self._max_block_norm, 1.0 + 1e-5)
 
@@ -576,15 +576,26 @@ class MilvusBackend(Backend):
 
     def _fetch(self, rows: Sequence[int]) -> None:
         expr = f"{ROW} in [{', '.join(str(r) for r in rows)}]"
-        got = self._query(expr, [ID, ROW, *self._display], self.settings.consistency)
+        present = [presence_field(f) for f in self._fields]
+        got = self._query(expr, [ID, ROW, *self._fields, *present], self.settings.consistency)
         with self._lock:
             if len(self._docs) + len(got) > _DOC_CACHE_MAX:
                 self._docs.clear()
             for r in got:
-                self._docs[int(r[ROW])] = (str(r[ID]), {f: r[f] for f in self._display if r.get(f)})
+                self._docs[int(r[ROW])] = (str(r[ID]), self._as_docs(r))
+
+    def _as_docs(self, stored: Mapping[str, Any]) -> dict[str, Any]:
+        """A document's metadata as ``docs.jsonl`` holds it: the fields it has (presence flags),
+        a date as :func:`~subspace.filters.format_date` writes it."""
+        out: dict[str, Any] = {}
+        for name, kind in self._fields.items():
+            if stored.get(presence_field(name)):
+                value = stored[name]
+                out[name] = format_date(int(value)) if kind == FieldType.DATE else value
+        return out
 
     def documents(self, rows: Iterable[int]) -> list[tuple[str, dict[str, Any]]]:
-        """``(id, display fields)`` of each row a search returned."""
+        """``(id, metadata fields)`` of each row a search returned (the display fields among them)."""
         rows = [int(r) for r in rows]
         missing = [r for r in rows if r not in self._docs]
         if missing:

@@ -12,11 +12,10 @@ import numpy as np
 
 from service.schemas import Query
 from service.search.batching import QueryHits, QueryInput
+from service.search.page import DISPLAY_FIELDS, SearchPage
 from service.state import ServingState
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
-
-_DOC_FIELDS = ("text", "title", "url")
 
 
 def _layout_desc(layout: SubspaceLayout) -> str:
@@ -87,10 +86,11 @@ def too_large(size: int, limit: int) -> FieldError:
 
 
 def build_results(
-    state: ServingState, hits: list[QueryHits], max_bytes: int | None = None
+    state: ServingState, hits: list[QueryHits], max_bytes: int | None = None, page: SearchPage | None = None
 ) -> list[dict[str, Any]]:
     """The ``results`` of a response. With ``max_bytes``, the body's size is estimated as it is
-    built and a :class:`FieldError` raised as soon as it exceeds the limit."""
+    built and a :class:`FieldError` raised as soon as it exceeds the limit. ``page``: which of
+    each query's ranked hits are returned and what fields they carry (:mod:`service.search.page`)."""
     names = state.layout.names
     ids, docs = state.bundle.ids, state.docs
     per_hit = _HIT_OVERHEAD + _SUBSPACE_BYTES * len(names)
@@ -100,8 +100,12 @@ def build_results(
         out = []
         rows, scores, subs = h.rows.tolist(), h.scores.tolist(), h.subspace_scores.tolist()
         cols = names if h.columns is None else h.columns  # with sparse blocks: theirs after the dense
+        if page is not None:
+            shown = page.cut(rows, scores)
+            rows, scores, subs = rows[shown], scores[shown], subs[shown]
         # a backend that stores documents itself (milvus) names its hits; rows -1 pad short lists
-        live = state.engine.documents(h.rows[h.rows >= 0]) if state.engine.capabilities.metadata else None
+        found = [r for r in rows if r >= 0]
+        live = state.engine.documents(found) if state.engine.capabilities.metadata and found else None
         for j, (row, score, sub) in enumerate(zip(rows, scores, subs, strict=True)):
             if row < 0:
                 break
@@ -112,8 +116,11 @@ def build_results(
             }
             size += per_hit + len(hit["id"])
             doc = live[j][1] if live is not None else docs[row] if docs is not None else None
-            if doc is not None:
-                for key in _DOC_FIELDS:
+            if page is not None and page.fields is not None:
+                hit["fields"] = selected = page.hit_fields(doc)
+                size += sum(len(name) + len(str(value)) + 8 for name, value in selected.items())
+            elif doc is not None:
+                for key in DISPLAY_FIELDS:
                     value = doc.get(key)
                     if isinstance(value, str):
                         hit[key] = value

@@ -7,7 +7,8 @@ engine is closed only after its last request.
 
 Cost per request is bounded: at most ``max_queries`` queries, ``k <= max_k``, queries x k at most
 ``max_hits`` and a response body of at most ``max_response_bytes`` (each a 422 naming the limit
-and its setting); the response is measured while it is built, so an oversized one stops early.
+and its setting), ``offset + k`` within the same limits (:mod:`service.search.page`); the response is
+measured while it is built, so an oversized one stops early.
 
 The route is an ordinary FastAPI route (dependencies, overrides, the app's middleware and
 exception handlers all apply); only JSON goes through pydantic-core's Rust codec, because a
@@ -32,6 +33,7 @@ from service.filtering import filter_context, filtered
 from service.metrics import Metrics
 from service.schemas import SearchRequest, SearchResponse, error_responses
 from service.search.codec import PydanticJSONResponse, PydanticJSONRoute
+from service.search.page import search_page
 from service.search.pipeline import SearchContext, SearchContextDep, SearchPipeline
 from service.search.results import build_results, prepare_queries, too_large
 from service.tracing import Tracing
@@ -123,13 +125,22 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
         experiment=body.experiment,
         unit_id=body.unit_id,
     )
+    page = search_page(
+        ctx.settings,
+        filter_context(state).schema if body.fields is not None else None,
+        n_queries=len(body.queries),
+        k=body.k,
+        offset=body.offset,
+        score_threshold=body.score_threshold,
+        fields=body.fields,
+    )
     queries = prepare_queries(body.queries, state)
     dense_weights, sparse_weights = sparse_query.for_request(body, resolved, state)
     if body.filter is not None:  # scored in its own engine call, over the rows the filter allows
         state = filtered(state, filter_context(state).compile(body.filter))
     stages = ctx.tracing.stages()  # None unless traced: then the batch's stage times land here
     hits = await ctx.batcher.submit(
-        state, queries, dense_weights, body.k, ctx.receive, stages=stages, arrival=ctx.arrival,
+        state, queries, dense_weights, page.engine_k, ctx.receive, stages=stages, arrival=ctx.arrival,
         sparse_weights=sparse_weights,
     )
     ctx.tracing.record_stages(stages)
@@ -139,9 +150,9 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
     if exposure:
         metrics.experiment_requests.labels(experiment=resolved.experiment, arm=resolved.arm).inc(len(queries))
     if sum(len(h.rows) for h in hits) > _BUILD_INLINE_MAX_HITS:
-        results = await asyncio.to_thread(build_results, state, hits, max_bytes)
+        results = await asyncio.to_thread(build_results, state, hits, max_bytes, page)
     else:
-        results = build_results(state, hits, max_bytes)
+        results = build_results(state, hits, max_bytes, page)
     if exposure:  # latency by arm: the A/B dashboard compares arms on it
         metrics.experiment_request_duration.labels(experiment=resolved.experiment, arm=resolved.arm).observe(
             time.perf_counter() - started
