@@ -174,3 +174,14 @@ def test_a_batch_adds_the_bm25_term_per_row_and_reports_its_score(state: Serving
         assert hits.rows.tolist() == dense_rows[i].tolist()
         np.testing.assert_allclose(hits.scores, dense_scores[i], rtol=1e-5, atol=1e-6)
         assert hits.columns == state.layout.names and hits.subspace_scores.shape == (k, len(state.layout))
+
+
+def test_routes_without_a_sparse_term_take_the_dense_part(state: ServingState) -> None:
+    """/v1/cluster and /v1/embeddings resolve the same names, then keep the dense blocks' weights."""
+    body = _request(weights={"semantic": 0.5, "bm25": 0.9})
+    dense = sparse_query.dense_only(_resolve(state, body), state.layout)
+    assert dense.block_weights.tolist() == [0.5, *state.layout.default_weights()[1:].tolist()]
+    assert list(dense.weights_used) == list(state.layout.names)
+    only_bm25 = _request(weights={"semantic": 0.0, "entity": 0.0, "intent": 0.0, "bm25": 1.0})
+    with pytest.raises(FieldError, match="sparse blocks do not apply"):
+        sparse_query.dense_only(_resolve(state, only_bm25), state.layout)
