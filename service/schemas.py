@@ -1,4 +1,4 @@
-"""Request and response bodies of the HTTP API (pydantic only, so the client imports them too).
+"""Request and response bodies of the HTTP API, every route's, in one place (pydantic models).
 
 Strict where coercion would hide a bug: a boolean is not a weight, ``"5"`` is not ``k``, NaN
 and infinity are not numbers. Limits that depend on settings (queries per request, largest
@@ -17,6 +17,7 @@ from typing import Annotated, Any
 from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
 
 from service.errors import ErrorKind
+from subspace.clustering import METHODS
 from subspace.filters import FILTER_TAGS, Filter
 
 MAX_TEXT_CHARS = 10_000
@@ -273,3 +274,114 @@ def error_responses(*statuses: int, openai: bool = False) -> dict[int | str, dic
     }
     model = OpenAIErrorBody if openai else ErrorBody
     return {s: {"model": model, "description": text.get(s, "error")} for s in statuses}
+
+
+# --- POST /v1/cluster (service.routes.cluster) ----------------------------------------------
+
+Keyword = Annotated[str, Field(strict=True, max_length=MAX_TEXT_CHARS)]
+
+
+class ClusterRequest(BaseModel):
+    """Keywords, at most one source of weights, and the method with its main parameter."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    keywords: list[Keyword] = Field(
+        ..., min_length=1, description="1 .. max_cluster_keywords keywords (setting ESP_MAX_CLUSTER_KEYWORDS)"
+    )
+    weights: Weights | None = Field(
+        None, description="per-subspace weights; names missing from an object take the default"
+    )
+    operating_point: Name | None = Field(None, description="a named weight vector from the registry")
+    method: Name = Field("agglomerative", description=f"one of {sorted(METHODS)}")
+    threshold: Annotated[float, Field(strict=True, ge=0, le=2, allow_inf_nan=False)] | None = Field(
+        None, description="agglomerative: merge while 1 - similarity / sum(weights) <= threshold (0.4)"
+    )
+    min_cluster_size: Annotated[int, Field(strict=True, ge=2)] | None = Field(
+        None, description="hdbscan: the smallest cluster; smaller groups are noise (3)"
+    )
+
+
+class KeywordRow(BaseModel):
+    keyword: str
+    cluster_id: int = Field(description="-1: unclustered (HDBSCAN noise)")
+    cluster_label: str | None = Field(description="the cluster's most central keyword; null for noise")
+    intent: str | None = Field(description="the intent head's prediction; null without an intent head")
+    intent_probability: float | None
+    similarity_to_label: float | None = Field(
+        description="similarity / sum(weights); null for noise"
+    )
+
+
+class ClusterSummary(BaseModel):
+    cluster_id: int
+    size: int
+    label: str
+    intent_mix: dict[str, int] = Field(description="predicted intents of the members, most frequent first")
+    mean_similarity_to_label: float
+
+
+class Duplicate(BaseModel):
+    index: int = Field(description="position of the dropped keyword in the request")
+    duplicate_of: int = Field(description="position of the kept spelling")
+
+
+class ClusterResponse(BaseModel):
+    keywords: list[KeywordRow] = Field(description="every distinct keyword once, in request order")
+    clusters: list[ClusterSummary] = Field(description="by decreasing size")
+    noise: int = Field(description="keywords in no cluster (cluster_id -1)")
+    duplicates: list[Duplicate]
+    weights_used: dict[str, float]
+    operating_point: str | None = None
+    method: str
+    params: dict[str, Any]
+    bundle_version: str
+
+
+# --- operating points and experiments (service.routes.tuning) ---------------------------------
+
+class OperatingPointOut(BaseModel):
+    name: str
+    weights: dict[str, float] = Field(description="weight per subspace, every subspace of the layout")
+    description: str
+    metrics: dict[str, Any] = Field(description="offline metrics measured at these weights, if known")
+    source: str = Field(description="'registry' (the registry file) or 'bundle' (the bundle manifest)")
+
+
+class OperatingPointsOut(BaseModel):
+    default_operating_point: str | None = Field(
+        description="used when a query names no weights, operating point or experiment"
+    )
+    operating_points: list[OperatingPointOut]
+
+
+class ArmOut(BaseModel):
+    name: str
+    share: float
+    operating_point: str
+
+
+class ExperimentOut(BaseModel):
+    name: str
+    description: str
+    enabled: bool
+    traffic: float = Field(description="fraction of units in the experiment; the rest get default_arm")
+    default_arm: str | None
+    salt_fingerprint: str = Field(description="sha256(salt)[:12]: changes when the arms are reshuffled")
+    arms: list[ArmOut]
+
+
+class ExperimentsOut(BaseModel):
+    experiments: list[ExperimentOut]
+
+
+class AssignmentOut(BaseModel):
+    experiment: str
+    unit_id: str
+    arm: str
+    included: bool = Field(
+        description="false when the unit is outside the experiment's traffic (or the experiment is "
+        "disabled) and is served the default arm: not an exposure"
+    )
+    operating_point: str
+    weights: dict[str, float]

@@ -18,80 +18,19 @@ import asyncio
 import functools
 import threading
 import time
-from typing import Annotated, Any
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, ConfigDict, Field
 
 from service import sparse_query
 from service.errors import NotReadyError, OverloadedError
 from service.routes.deps import SettingsDep, StateDep
-from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
-from subspace.clustering import METHODS, cluster_keywords, dedupe_keywords, make_method
+from service.schemas import ClusterRequest, ClusterResponse, error_responses
+from subspace.clustering import cluster_keywords, dedupe_keywords, make_method
 from subspace.errors import FieldError
 
 router = APIRouter(tags=["cluster"])
-
-Keyword = Annotated[str, Field(strict=True, max_length=MAX_TEXT_CHARS)]
-
-
-class ClusterRequest(BaseModel):
-    """Keywords, at most one source of weights, and the method with its main parameter."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    keywords: list[Keyword] = Field(
-        ..., min_length=1, description="1 .. max_cluster_keywords keywords (setting ESP_MAX_CLUSTER_KEYWORDS)"
-    )
-    weights: Weights | None = Field(
-        None, description="per-subspace weights; names missing from an object take the default"
-    )
-    operating_point: Name | None = Field(None, description="a named weight vector from the registry")
-    method: Name = Field("agglomerative", description=f"one of {sorted(METHODS)}")
-    threshold: Annotated[float, Field(strict=True, ge=0, le=2, allow_inf_nan=False)] | None = Field(
-        None, description="agglomerative: merge while 1 - similarity / sum(weights) <= threshold (0.4)"
-    )
-    min_cluster_size: Annotated[int, Field(strict=True, ge=2)] | None = Field(
-        None, description="hdbscan: the smallest cluster; smaller groups are noise (3)"
-    )
-
-
-class KeywordRow(BaseModel):
-    keyword: str
-    cluster_id: int = Field(description="-1: unclustered (HDBSCAN noise)")
-    cluster_label: str | None = Field(description="the cluster's most central keyword; null for noise")
-    intent: str | None = Field(description="the intent head's prediction; null without an intent head")
-    intent_probability: float | None
-    similarity_to_label: float | None = Field(
-        description="similarity / sum(weights); null for noise"
-    )
-
-
-class ClusterSummary(BaseModel):
-    cluster_id: int
-    size: int
-    label: str
-    intent_mix: dict[str, int] = Field(description="predicted intents of the members, most frequent first")
-    mean_similarity_to_label: float
-
-
-class Duplicate(BaseModel):
-    index: int = Field(description="position of the dropped keyword in the request")
-    duplicate_of: int = Field(description="position of the kept spelling")
-
-
-class ClusterResponse(BaseModel):
-    keywords: list[KeywordRow] = Field(description="every distinct keyword once, in request order")
-    clusters: list[ClusterSummary] = Field(description="by decreasing size")
-    noise: int = Field(description="keywords in no cluster (cluster_id -1)")
-    duplicates: list[Duplicate]
-    weights_used: dict[str, float]
-    operating_point: str | None = None
-    method: str
-    params: dict[str, Any]
-    bundle_version: str
-
 
 def _params(body: ClusterRequest) -> dict[str, Any]:
     params: dict[str, Any] = {}

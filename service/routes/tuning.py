@@ -16,59 +16,12 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request
-from pydantic import BaseModel, Field
 
 from service.errors import NotFoundError, NotReadyError
+from service.schemas import AssignmentOut, ExperimentsOut, OperatingPointsOut
 from service.tuning import Registry, RegistryWatcher
 
 router = APIRouter(tags=["registry"])
-
-
-class OperatingPointOut(BaseModel):
-    name: str
-    weights: dict[str, float] = Field(description="weight per subspace, every subspace of the layout")
-    description: str
-    metrics: dict[str, Any] = Field(description="offline metrics measured at these weights, if known")
-    source: str = Field(description="'registry' (the registry file) or 'bundle' (the bundle manifest)")
-
-
-class OperatingPointsOut(BaseModel):
-    default_operating_point: str | None = Field(
-        description="used when a query names no weights, operating point or experiment"
-    )
-    operating_points: list[OperatingPointOut]
-
-
-class ArmOut(BaseModel):
-    name: str
-    share: float
-    operating_point: str
-
-
-class ExperimentOut(BaseModel):
-    name: str
-    description: str
-    enabled: bool
-    traffic: float = Field(description="fraction of units in the experiment; the rest get default_arm")
-    default_arm: str | None
-    salt_fingerprint: str = Field(description="sha256(salt)[:12]: changes when the arms are reshuffled")
-    arms: list[ArmOut]
-
-
-class ExperimentsOut(BaseModel):
-    experiments: list[ExperimentOut]
-
-
-class AssignmentOut(BaseModel):
-    experiment: str
-    unit_id: str
-    arm: str
-    included: bool = Field(
-        description="false when the unit is outside the experiment's traffic (or the experiment is "
-        "disabled) and is served the default arm: not an exposure"
-    )
-    operating_point: str
-    weights: dict[str, float]
 
 
 def _registry(request: Request) -> Registry:

@@ -13,10 +13,8 @@ import pytest
 from pydantic import BaseModel
 
 import esp_client.models as sdk
-import service.routes.cluster as cluster_route
 import service.routes.documents as documents_route
 import service.routes.embeddings as embeddings_route
-import service.routes.tuning as registry_route
 import service.schemas as server
 
 PAIRS = [
@@ -28,10 +26,10 @@ PAIRS = [
     (embeddings_route.EmbeddingsResponse, sdk.EmbeddingsResponse),
     (embeddings_route.ModelList, sdk.ModelList),
     (embeddings_route.ModelCard, sdk.ModelCard),
-    (cluster_route.ClusterResponse, sdk.ClusterResponse),
-    (registry_route.OperatingPointsOut, sdk.OperatingPoints),
-    (registry_route.ExperimentsOut, sdk.Experiments),
-    (registry_route.AssignmentOut, sdk.Assignment),
+    (server.ClusterResponse, sdk.ClusterResponse),
+    (server.OperatingPointsOut, sdk.OperatingPoints),
+    (server.ExperimentsOut, sdk.Experiments),
+    (server.AssignmentOut, sdk.Assignment),
     (documents_route.UpsertResponse, sdk.UpsertResponse),
     (documents_route.DeleteResponse, sdk.DeleteResponse),
 ]
