@@ -95,22 +95,17 @@ def split_cores(enabled: bool) -> tuple[set[int], set[int]] | None:
     return {cores[0]}, set(cores[1:])
 
 
-def refusal_reason(body: bytes) -> str:
-    """Which admission check refused a 429, from its message (service.search: admission, batching)."""
-    try:
-        message = str(json.loads(body).get("message", ""))
-    except (ValueError, AttributeError):
-        return "unreadable"
-    for phrase, reason in (
-        ("searches are in progress", "inflight_limit"),
-        ("for the server and the", "late_or_queue_at_arrival"),
-        ("before the engine could take it", "shed_at_dequeue"),
-        ("would take about", "queue_forecast_at_submit"),
-        ("queries are waiting and the queue holds", "queue_full"),
-    ):
-        if phrase in message:
-            return reason
-    return "other"
+def admission_refusals(url: str) -> dict[str, int]:
+    """The server's own count of the searches it refused, by reason
+    (``esp_admission_refusals_total{reason}`` on its /metrics)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    return {
+        sample.labels["reason"]: int(sample.value)
+        for family in text_string_to_metric_families(text) if family.name == "esp_admission_refusals"
+        for sample in family.samples if sample.name == "esp_admission_refusals_total"
+    }
 
 
 def proc_stats(pid: int) -> dict[str, Any]:
@@ -235,7 +230,6 @@ class Tally:
     def __init__(self) -> None:
         self.ok: list[float] = []
         self.ok_send_delay: list[float] = []  # of each admitted request: due -> sent (the client's delay)
-        self.refusals: dict[str, int] = {}
         self.status: dict[int, int] = {}
         self.no_retry_after = 0
         self.lost = 0
@@ -275,7 +269,7 @@ async def open_loop(
             return
         got = time.perf_counter()
         try:
-            status, body, retry_after = await send(conn, requests[i % len(requests)], timeout)
+            status, _, retry_after = await send(conn, requests[i % len(requests)], timeout)
         except (OSError, asyncio.IncompleteReadError, TimeoutError) as exc:
             tally.record(None, 0.0, False, type(exc).__name__)
             conns.drop(conn)
@@ -283,9 +277,6 @@ async def open_loop(
         tally.record(status, time.perf_counter() - due, retry_after)
         if status == 200:
             tally.ok_send_delay.append(max(0.0, got - due))
-        elif status == 429:
-            reason = refusal_reason(body)
-            tally.refusals[reason] = tally.refusals.get(reason, 0) + 1
         conns.put(conn)
 
     i = 0
@@ -438,6 +429,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         client_cpu = (time.process_time() - cpu0) / elapsed
         samples.append({"t": round(elapsed, 1), **proc_stats(server.proc.pid)})
         await conns.close()
+        refusals = admission_refusals(server.url)  # by reason, as the server counted them
     finally:
         server.stop()
     after_reloads = samples[1:]
@@ -475,7 +467,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         if admitted_p99 and unloaded_p99 else None,
         "admitted_p99_over_calibration_p99": round(admitted_p99 / cal_p99, 2) if admitted_p99 else None,
         "admitted_send_delay_p99_ms": pct(tally.ok_send_delay, 99),
-        "refusals_429": dict(sorted(tally.refusals.items())),
+        "refusals_by_reason": dict(sorted(refusals.items())),
         "count_5xx": fivexx,
         "lost": tally.lost,
         "lost_reasons": tally.lost_reasons,

@@ -143,6 +143,18 @@ ROWS: tuple[tuple[str, tuple[Panel, ...]], ...] = (
               (Target(f"max by (instance) (esp_queue_depth{sel()})", "depth {{instance}}"),
                Target(f"max by (instance) (esp_queue_capacity{sel()})", "capacity {{instance}}")),
               ),
+        Panel("Searches refused by reason", "429s of admission per second: in-flight limit, wait "
+              "forecast past the latency budget, queue full, shed at dequeue.",
+              (Target(f"sum by (reason) ({rate('esp_admission_refusals_total')})", "{{reason}}"),),
+              ),
+        Panel("In flight and its limit", "Searches admitted (body read) and not yet answered, and "
+              "the limit in force (fixed or adapted to the latency objective).",
+              (Target(f"max by (instance) (esp_admission_inflight{sel()})", "in flight {{instance}}"),
+               Target(f"max by (instance) (esp_admission_limit{sel()})", "limit {{instance}}")),
+              ),
+        Panel("Event-loop lag", "How late the event loop runs a due callback, sampled at each search.",
+              quantiles("esp_event_loop_lag_seconds"),
+              ),
     )),
     ("Index and reloads", (
         Panel("Documents in index by pod", "Rows of the served index per pod.",

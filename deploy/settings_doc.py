@@ -136,6 +136,7 @@ HELM: dict[str, Value | Fixed | NotServed] = {
     "ESP_MAX_HEADERS": Value("config.maxHeaders", 64),
     "ESP_HEADER_TIMEOUT_SECONDS": Value("config.headerTimeoutSeconds", 4.5),
     "ESP_BODY_TIMEOUT_SECONDS": Value("config.bodyTimeoutSeconds", 8.5),
+    "ESP_SEARCH_BODY_DEADLINE_SECONDS": Value("config.searchBodyDeadlineSeconds", 6.5),
     "ESP_KEEP_ALIVE_SECONDS": Value("config.keepAliveSeconds", 3.5),
     "ESP_MAX_CONNECTIONS": Value("config.maxConnections", 2048),
     "ESP_LINGER_SECONDS": Value("config.lingerSeconds", 0.5),

@@ -139,6 +139,12 @@ class Settings(BaseSettings):
     body_timeout_seconds: float = Field(
         10.0, gt=0, description="a request body that sends nothing for this long is answered 408"
     )
+    search_body_deadline_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="a search body not complete this long after its headers is answered 408, however "
+        "steadily it trickles; a search counts as in flight only once its body is complete",
+    )
     keep_alive_seconds: float = Field(5.0, gt=0, description="idle keep-alive connections close after this")
     max_connections: int = Field(
         1000, ge=1, description="open connections + running requests before new requests get 503"

@@ -22,6 +22,12 @@ M = TypeVar("M", bound=MetricWrapperBase)
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024)
+LAG_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
+#: Why a search was refused (``esp_admission_refusals_total{reason}``; service.search.admission):
+#: ``inflight`` the in-flight limit, ``forecast`` its wait forecast past the latency budget (before
+#: its body is read, or when queued), ``queue_full`` no room in the queue, ``shed`` it waited out
+#: the budget in the queue.
+REFUSAL_REASONS = ("inflight", "forecast", "queue_full", "shed")
 WEIGHT_BUCKETS = (0.0, 0.05, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.7, 0.8, 0.9, 1.0, 2.0, 5.0, 10.0)
 
 
@@ -60,6 +66,25 @@ class Metrics:
         self.queue_capacity = Gauge(
             "esp_queue_capacity", "Queries the micro-batcher accepts before answering 429.",
             registry=r,
+        )
+        self.admission_refusals = Counter(
+            "esp_admission_refusals_total",
+            "Searches refused by admission (429), by reason.",
+            ["reason"], registry=r,
+        )
+        for reason in REFUSAL_REASONS:
+            self.admission_refusals.labels(reason=reason)
+        self.admission_inflight = Gauge(
+            "esp_admission_inflight", "Searches admitted (their body read) and not yet answered.", registry=r
+        )
+        self.admission_limit = Gauge(
+            "esp_admission_limit",
+            "The in-flight search limit (ESP_MAX_INFLIGHT_SEARCHES or the adaptive one; 0 until set).",
+            registry=r,
+        )
+        self.loop_lag = Histogram(
+            "esp_event_loop_lag_seconds", "How late the event loop ran a callback that was due (sampled).",
+            buckets=LAG_BUCKETS, registry=r,
         )
         self.index_documents = Gauge(
             "esp_index_documents", "Documents in the served index.", registry=r
@@ -126,6 +151,10 @@ METRIC_NAMES: tuple[str, ...] = (
     "esp_batch_size",
     "esp_queue_depth",
     "esp_queue_capacity",
+    "esp_admission_refusals_total",
+    "esp_admission_inflight",
+    "esp_admission_limit",
+    "esp_event_loop_lag_seconds",
     "esp_index_documents",
     "esp_bundle_info",
     "esp_ready",

@@ -26,6 +26,7 @@ explicitly: the :class:`service.search.pipeline.SearchPipeline` it is built with
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
 from typing import TYPE_CHECKING
@@ -34,11 +35,14 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from service.errors import ErrorKind, send_error
 from service.http_limits import RECEIVED
-from service.search.wait import ARRIVAL, Arrival
+from service.search.wait import ARRIVAL, Arrival, LoopLag
 
 if TYPE_CHECKING:
     from service.search.batching import MicroBatcher
     from service.search.pipeline import SearchPipeline
+
+#: (reason, message, Retry-After seconds): reason is one of service.metrics.REFUSAL_REASONS
+Refusal = tuple[str, str, float]
 
 #: The adaptive limit's window (seconds): it changes at most once per window.
 LIMIT_WINDOW = 0.1
@@ -101,24 +105,28 @@ class AdaptiveLimit:
 
 
 class AdmissionMiddleware:
-    """Early 429 for ``POST /v1/search`` when its answer would come after the latency objective
-    (``ESP_LATENCY_BUDGET_MS``), or when too many searches are in progress.
+    """Every early refusal of ``POST /v1/search``, in two steps around reading its body.
 
-    Before the body is read or parsed (the cheap way to refuse, so a saturated event loop sheds
-    load instead of parsing work it will refuse), a search is refused when
-
-    - the searches in progress (admitted here, not yet answered) reach the in-flight limit:
-      ``ESP_MAX_INFLIGHT_SEARCHES`` when set, else adapted to the latency objective from the
-      latency measured of the searches answered (:class:`AdaptiveLimit`); or
-    - the event loop's lag (:class:`LoopLag`: about how long its bytes waited
-      in the socket before the server read them), plus the time since its headers were complete
-      (the scope stamp of :mod:`service.http_limits`), plus the micro-batcher's expected wait for
-      one more query (:meth:`service.search.batching.MicroBatcher.expected_wait`) exceed the budget.
+    1. At its headers, before the body is read (the cheap way to refuse, so a saturated event
+       loop sheds load instead of reading work it will refuse): refused (reason ``forecast``) when
+       the event loop's lag (:class:`~service.search.wait.LoopLag`: about how long its bytes
+       waited in the socket), plus the time since its headers were complete (the scope stamp of
+       :mod:`service.http_limits`), plus the micro-batcher's expected wait for one more query
+       (:meth:`service.search.batching.MicroBatcher.expected_wait`) exceed the budget. An idle
+       engine admits whatever the last batch cost.
+    2. The body is read whole, within ``ESP_SEARCH_BODY_DEADLINE_SECONDS`` of the headers (408
+       otherwise, however steadily it trickles), and only then does the search count as in flight:
+       a slow client holds its own connection, never a slot. Refused (reason ``inflight``) when the
+       searches in flight reach the limit: ``ESP_MAX_INFLIGHT_SEARCHES`` when set, else adapted to
+       the latency objective from the latency measured of the searches answered
+       (:class:`AdaptiveLimit`).
 
     ``Retry-After`` is the queue's (or the in-flight searches') drain time at the measured rate,
-    at least 1 s. An admitted search carries its estimated arrival (its :class:`Arrival`, in
-    the scope under :data:`ARRIVAL`), so the
-    micro-batcher can shed it at dequeue if it waits out the budget.
+    at least 1 s. Each refusal counts in ``esp_admission_refusals_total{reason}``; the in-flight
+    count and the limit are gauges. An admitted search carries its estimated arrival (its
+    :class:`~service.search.wait.Arrival`, in the scope under :data:`ARRIVAL`), so the
+    micro-batcher can refuse it when queued (``queue_full``, ``forecast``) or shed it at dequeue
+    (``shed``) if it waits out the budget.
 
     ``pipeline``: the search wing's parts; its batcher is None before start-up (nothing to admit
     against yet: every request passes).
@@ -128,7 +136,7 @@ class AdmissionMiddleware:
         self.app = app
         self.pipeline = pipeline
         self.path = path
-        self.inflight = 0  # searches admitted here and not yet answered
+        self.inflight = 0  # searches whose body arrived, admitted here and not yet answered
         self.adaptive: AdaptiveLimit | None = None  # made at the first search (it needs the budget)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -139,39 +147,73 @@ class AdmissionMiddleware:
         if batcher is None:
             await self.app(scope, receive, send)
             return
+        metrics = self.pipeline.metrics
         now = time.monotonic()
         received = scope.get(RECEIVED)
         lag = batcher.lag
-        arrival = Arrival((received if isinstance(received, float) else now) - lag.lag(now))
-        refusal = self._refusal(batcher, now, now - arrival.at)
+        lag.touch()
+        late = lag.lag(now)
+        metrics.loop_lag.observe(late)
+        arrival = Arrival((received if isinstance(received, float) else now) - late)
+        refusal = self._forecast_refusal(batcher, now, now - arrival.at)
+        if refusal is None:
+            body = await self._read_body(receive, lag, arrival)
+            if body is None:
+                deadline = self.pipeline.settings.search_body_deadline_seconds
+                message = (f"the search body was not complete within {deadline:g} s of its headers "
+                           "(setting ESP_SEARCH_BODY_DEADLINE_SECONDS)")
+                await send_error(send, ErrorKind.REQUEST_TIMEOUT, message, close=True)
+                return
+            refusal = self._inflight_refusal(batcher, time.monotonic())
         if refusal is not None:
-            message, retry_after = refusal
+            reason, message, retry_after = refusal
+            metrics.child(metrics.admission_refusals, reason).inc()
             await send_error(
                 send, ErrorKind.OVERLOADED, message,
                 headers=[(b"retry-after", str(max(1, math.ceil(retry_after))).encode())],
             )
             return
         self.inflight += 1
+        metrics.admission_inflight.set(self.inflight)
         scope[ARRIVAL] = arrival
 
-        async def timed_receive() -> Message:
-            """The time spent waiting for the client's body is the client's, not a wait for the
-            server: it moves the arrival on (a body sent with its headers costs nothing)."""
-            t0 = time.monotonic()
-            message = await receive()
-            if message["type"] == "http.request":
-                for_client = time.monotonic() - t0 - lag.lag()  # what the loop's own lag does not explain
-                if for_client > 0:
-                    arrival.at += for_client
-            return message
+        async def replay() -> Message:
+            return body.pop(0) if body else await receive()  # then the disconnect, if it comes
 
         try:
-            await self.app(scope, timed_receive, send)
+            await self.app(scope, replay, send)
         finally:
             done = time.monotonic()
             if self.adaptive is not None:
                 self.adaptive.answered((done - arrival.at) / arrival.slices, done)
             self.inflight -= 1
+            metrics.admission_inflight.set(self.inflight)
+
+    async def _read_body(self, receive: Receive, lag: LoopLag, arrival: Arrival) -> list[Message] | None:
+        """The body's messages, read within the deadline (None past it). The time spent waiting
+        for the client's bytes is the client's, not a wait for the server: it moves the arrival
+        on (a body sent with its headers costs nothing). A disconnect ends the body early: the
+        app then reads it and answers nobody."""
+        messages: list[Message] = []
+
+        async def read() -> None:
+            while True:
+                t0 = time.monotonic()
+                message = await receive()
+                messages.append(message)
+                if message["type"] != "http.request":
+                    return
+                for_client = time.monotonic() - t0 - lag.lag()  # what the loop's own lag does not explain
+                if for_client > 0:
+                    arrival.at += for_client
+                if not message.get("more_body", False):
+                    return
+
+        try:
+            await asyncio.wait_for(read(), self.pipeline.settings.search_body_deadline_seconds)
+        except TimeoutError:
+            return None
+        return messages
 
     def _limit(self, batcher: MicroBatcher) -> tuple[int | None, str]:
         """The in-flight limit now, and what sets it."""
@@ -188,16 +230,21 @@ class AdmissionMiddleware:
             "(adapted to the latency measured; setting ESP_LATENCY_BUDGET_MS)"
         )
 
-    def _refusal(self, batcher: MicroBatcher, now: float, waited: float) -> tuple[str, float] | None:
-        budget = batcher.latency_budget
+    def _inflight_refusal(self, batcher: MicroBatcher, now: float) -> Refusal | None:
         limit, how = self._limit(batcher)
-        if limit is not None and self.inflight >= limit:
-            if self.adaptive is not None:
-                self.adaptive.refused()
-            per_request = batcher.seconds_per_request(now)
-            message = f"overloaded: {self.inflight} searches are in progress, {how}; retry later"
-            return message, self.inflight * per_request if per_request else 1.0
-        if budget is None:
+        if limit is not None:
+            self.pipeline.metrics.admission_limit.set(limit)
+        if limit is None or self.inflight < limit:
+            return None
+        if self.adaptive is not None:
+            self.adaptive.refused()
+        per_request = batcher.seconds_per_request(now)
+        message = f"overloaded: {self.inflight} searches are in progress, {how}; retry later"
+        return "inflight", message, self.inflight * per_request if per_request else 1.0
+
+    def _forecast_refusal(self, batcher: MicroBatcher, now: float, waited: float) -> Refusal | None:
+        budget = batcher.latency_budget
+        if budget is None or batcher.idle:
             return None
         ahead = batcher.expected_wait(1, now)
         if waited + ahead <= budget:
@@ -208,4 +255,4 @@ class AdmissionMiddleware:
             f"{budget * 1000:.0f} ms "
             "(setting ESP_LATENCY_BUDGET_MS); retry later"
         )
-        return message, max(ahead, waited)
+        return "forecast", message, max(ahead, waited)

@@ -291,6 +291,11 @@ class MicroBatcher:
         metrics.queue_depth.set(0)
 
     @property
+    def idle(self) -> bool:
+        """Nothing queued and nothing in the engine: the next query starts at once."""
+        return self._depth == 0 and not self._inflight
+
+    @property
     def depth(self) -> int:
         """Queries waiting (not yet taken into a batch)."""
         return self._depth
@@ -337,18 +342,20 @@ class MicroBatcher:
     def _admit(self, n: int, arrived: float | None) -> None:
         if self._depth + n > self.queue_size:
             spq = self.seconds_per_query()
+            self.metrics.child(self.metrics.admission_refusals, "queue_full").inc()
             raise OverloadedError(
                 f"overloaded: {self._depth} queries are waiting and the queue holds "
                 f"{self.queue_size}; retry later",
                 retry_after=max(1.0, (self._depth * spq) if spq else 1.0),
             )
-        if self.latency_budget is None or (self._depth == 0 and not self._inflight):
+        if self.latency_budget is None or self.idle:
             return  # an idle engine takes the request at once, whatever it costs
         now = time.monotonic()
         wait = self.expected_wait(n, now)
         waited = now - arrived if arrived is not None else 0.0
         if waited + wait > self.latency_budget:
             self.metrics.queue_depth.set(self._depth)
+            self.metrics.child(self.metrics.admission_refusals, "forecast").inc()
             raise OverloadedError(
                 f"overloaded: the {self._depth} queries ahead would take about {wait * 1000:.0f} ms at the "
                 f"measured throughput after {waited * 1000:.0f} ms waited, over the latency budget of "
@@ -488,6 +495,7 @@ class MicroBatcher:
             self._depth -= waiting
             self.shed += 1
             self.metrics.queue_depth.set(self._depth)
+            self.metrics.child(self.metrics.admission_refusals, "shed").inc()
             if not req.future.done():
                 spq = self.seconds_per_query(now)
                 req.future.set_exception(OverloadedError(

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 
 #: Seconds between the lag monitor's callbacks (the resolution of the lag it reports).
 LAG_INTERVAL = 0.005
+#: Seconds without a search after which the lag monitor stops waking the loop.
+IDLE_AFTER = 1.0
 
 #: Scope key: the admitted search's :class:`Arrival`.
 ARRIVAL = "esp.arrival"
@@ -40,18 +42,37 @@ class LoopLag:
     loop is busy right now), how overdue it is, whichever is larger. Time is read with
     ``time.monotonic()`` (uvloop's ``loop.time()`` does not advance within one loop iteration).
     Start and stop on the loop it measures.
+
+    It rests while nothing asks for it: :meth:`touch` (each search) keeps it ticking, and
+    after ``idle_after`` seconds without one it stops waking the loop (an idle server would
+    otherwise wake every ``interval``), reporting 0 until the next touch resumes it.
     """
 
-    def __init__(self, interval: float = LAG_INTERVAL) -> None:
+    def __init__(self, interval: float = LAG_INTERVAL, idle_after: float = IDLE_AFTER) -> None:
         self.interval = interval
+        self.idle_after = idle_after
         self.last = 0.0
         self._due: float | None = None
         self._handle: asyncio.TimerHandle | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._touched = 0.0
 
     def start(self) -> None:
         self._loop = asyncio.get_running_loop()
+        self._touched = time.monotonic()
         self._schedule()
+
+    @property
+    def resting(self) -> bool:
+        """Started, but not ticking: nothing asked for the lag for ``idle_after`` seconds."""
+        return self._loop is not None and self._handle is None
+
+    def touch(self) -> None:
+        """Someone will ask for the lag: tick (again, if resting)."""
+        self._touched = time.monotonic()
+        if self.resting:
+            self.last = 0.0
+            self._schedule()
 
     def _schedule(self) -> None:
         assert self._loop is not None
@@ -59,14 +80,19 @@ class LoopLag:
         self._handle = self._loop.call_later(self.interval, self._tick)
 
     def _tick(self) -> None:
+        now = time.monotonic()
         if self._due is not None:
-            self.last = max(0.0, time.monotonic() - self._due)
+            self.last = max(0.0, now - self._due)
+        if now - self._touched > self.idle_after:
+            self._handle = self._due = None  # rest: nothing to measure for
+            return
         self._schedule()
 
     def stop(self) -> None:
         if self._handle is not None:
             self._handle.cancel()
         self._handle = self._due = None
+        self._loop = None
 
     def restart(self) -> None:
         """Forget the lateness measured so far (a pause made on purpose, before serving)."""

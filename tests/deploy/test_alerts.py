@@ -21,6 +21,7 @@ REQUIRED = {
     "registry reload failures": "ESPRegistryReloadFailing",
     "bundle reload failures": "ESPBundleReloadFailing",
     "queue saturation": "ESPQueueSaturated",
+    "searches refused by admission": "ESPSearchesRefused",
 }
 
 

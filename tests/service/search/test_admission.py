@@ -24,7 +24,15 @@ def _pipeline(batcher: Any, max_inflight_searches: int | None = None) -> Any:
     """What the admission middleware reads of the search pipeline: its batcher and settings."""
     from types import SimpleNamespace
 
-    return SimpleNamespace(batcher=batcher, settings=SimpleNamespace(max_inflight_searches=max_inflight_searches))
+    from service.config import Settings
+
+    settings = Settings(max_inflight_searches=max_inflight_searches)
+    return SimpleNamespace(batcher=batcher, settings=settings, metrics=Metrics())
+
+
+async def _body() -> dict[str, Any]:
+    """An ASGI receive whose body arrived with its headers."""
+    return {"type": "http.request", "body": b"{}", "more_body": False}
 
 
 async def _hold(b: Any, state: Any) -> asyncio.Task[Any]:
@@ -138,7 +146,7 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
     from service.search.wait import LoopLag
 
     class Batcher:
-        latency_budget, max_batch, queue_size = 0.25, 64, 1024
+        latency_budget, max_batch, queue_size, idle = 0.25, 64, 1024, False
         lag = LoopLag()  # not started: no lag
 
         def expected_wait(self, n: int, now: float | None = None) -> float:
@@ -152,8 +160,11 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
     async def app(scope: Any, receive: Any, send: Any) -> None:
         reached.append(scope["path"])
 
+    reads: list[int] = []
+
     async def receive() -> dict[str, Any]:
-        raise AssertionError("the body must not be read")
+        reads.append(1)
+        return await _body()
 
     async def run(waited: float, path: str = "/v1/search") -> list[dict[str, Any]]:
         sent: list[dict[str, Any]] = []
@@ -171,6 +182,7 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
     late = asyncio.run(run(waited=0.3))
     assert late[0]["status"] == 429 and (b"retry-after", b"1") in late[0]["headers"]
     assert b"latency budget of 250 ms" in late[1]["body"]
+    assert reads == []  # refused before its body was read
     assert asyncio.run(run(waited=0.1)) == [] and reached == ["/v1/search"]  # 100 + 50 ms: admitted
     assert asyncio.run(run(waited=0.3, path="/v1/cluster")) == []  # only the search is admitted by wait
 
@@ -317,7 +329,7 @@ def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
     lag._due = time.monotonic() + 3600  # started, next callback not due: the lag is the last one
 
     class Batcher:
-        latency_budget, max_batch, queue_size = 0.25, 64, 1024
+        latency_budget, max_batch, queue_size, idle = 0.25, 64, 1024, False
 
         def __init__(self) -> None:
             self.lag = lag
@@ -341,11 +353,12 @@ def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
         async def send(message: dict[str, Any]) -> None:
             sent.append(message)
 
+        middleware = AdmissionMiddleware(app, _pipeline(Batcher()))
         scope = {
             "type": "http", "method": "POST", "path": "/v1/search", "headers": [],
             RECEIVED: time.monotonic(),
         }
-        await AdmissionMiddleware(app, _pipeline(Batcher()))(scope, receive=None, send=send)  # type: ignore[arg-type]
+        await middleware(scope, receive=_body, send=send)  # type: ignore[arg-type]
         return sent
 
     lag.last = 0.3  # its bytes waited about 300 ms in the socket before the loop read them
@@ -374,11 +387,12 @@ def _head_and_body(s: socket.socket) -> tuple[str, bytes]:
 
 
 @pytest.mark.slow
-def test_past_the_inflight_limit_a_search_gets_429_with_retry_after_on_a_live_server(
+def test_a_slow_body_holds_no_slot_and_a_trickled_one_meets_its_deadline_on_a_live_server(
     tiny_bundle: Path, server_factory: Any
 ) -> None:
-    # a budget no request here comes near: only the in-flight limit refuses
-    server = server_factory(tiny_bundle, max_inflight_searches=1, latency_budget_ms=600_000)
+    # one search in flight at most, a budget no request here comes near: only the limit refuses
+    server = server_factory(tiny_bundle, max_inflight_searches=1, latency_budget_ms=600_000,
+                            search_body_deadline_seconds=2.0, body_timeout_seconds=30.0)
     host = urlparse(server.url).netloc
     body = json.dumps({"queries": [{"text": "what is a cat"}], "k": 3}).encode()
     head = (
@@ -386,20 +400,132 @@ def test_past_the_inflight_limit_a_search_gets_429_with_retry_after_on_a_live_se
         f"Content-Length: {len(body)}\r\n"
     ).encode()
     with _raw(server) as slow, _raw(server) as other:
-        slow.sendall(head + b"Expect: 100-continue\r\n\r\n")  # admitted; its body comes later
-        assert slow.recv(65536).startswith(b"HTTP/1.1 100")  # the route is reading its body: in flight
+        slow.sendall(head + b"Expect: 100-continue\r\n\r\n")  # its body comes later
+        assert slow.recv(65536).startswith(b"HTTP/1.1 100")  # admission is reading its body
         other.sendall(head + b"\r\n" + body)
-        refused_head, refused = _head_and_body(other)
-        assert refused_head.startswith("HTTP/1.1 429")
-        assert "retry-after: " in refused_head.lower()
-        assert b"ESP_MAX_INFLIGHT_SEARCHES" in refused and json.loads(refused)["type"] == "overloaded"
+        answered_head, _ = _head_and_body(other)
+        assert answered_head.startswith("HTTP/1.1 200")  # the slow body holds no slot of the limit of 1
         slow.sendall(body)
-        answered_head, answered = _head_and_body(slow)
-        assert answered_head.startswith("HTTP/1.1 200"), answered
-        assert len(json.loads(answered)["results"]) == 1
-        other.sendall(head + b"\r\n" + body)  # the slow one is answered: room again
-        again_head, _ = _head_and_body(other)
-        assert again_head.startswith("HTTP/1.1 200")
+        slow_head, slow_body = _head_and_body(slow)
+        assert slow_head.startswith("HTTP/1.1 200") and len(json.loads(slow_body)["results"]) == 1
+    with _raw(server) as trickle:  # one byte a second: never silent for the 30 s body timeout
+        trickle.sendall(head + b"\r\n")
+        t0 = time.monotonic()
+        answer = b""
+        for byte in body:
+            try:
+                trickle.sendall(bytes([byte]))
+            except OSError:
+                break
+            trickle.settimeout(1.0)
+            try:
+                answer += trickle.recv(65536)
+            except TimeoutError:
+                continue
+            if answer:
+                break
+        took = time.monotonic() - t0
+    assert answer.startswith(b"HTTP/1.1 408") and b"ESP_SEARCH_BODY_DEADLINE_SECONDS" in answer
+    assert took < 10  # its 2 s deadline, not the body's length in seconds (a byte a second)
+
+
+def test_past_the_inflight_limit_a_search_whose_body_arrived_gets_429_counted_by_reason() -> None:
+    from service.search.admission import AdmissionMiddleware
+    from service.search.wait import LoopLag
+
+    class Batcher:
+        latency_budget, max_batch, queue_size, idle = 600.0, 64, 1024, True
+        lag = LoopLag()
+
+        def expected_wait(self, n: int, now: float | None = None) -> float:
+            return 0.0
+
+        def seconds_per_request(self, now: float | None = None) -> float | None:
+            return 0.5
+
+    release = asyncio.Event()
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        await release.wait()  # in flight until released
+
+    async def run() -> tuple[list[dict[str, Any]], Any]:
+        pipeline = _pipeline(Batcher(), max_inflight_searches=1)
+        middleware = AdmissionMiddleware(app, pipeline)
+        scope = {"type": "http", "method": "POST", "path": "/v1/search", "headers": []}
+        held = asyncio.create_task(middleware(dict(scope), _body, None))  # type: ignore[arg-type]
+        await asyncio.sleep(0.01)
+        assert middleware.inflight == 1 and pipeline.metrics.admission_inflight._value.get() == 1
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        await middleware(dict(scope), _body, send)  # type: ignore[arg-type]
+        release.set()
+        await held
+        assert middleware.inflight == 0
+        return sent, pipeline.metrics
+
+    sent, metrics = asyncio.run(run())
+    assert sent[0]["status"] == 429 and (b"retry-after", b"1") in sent[0]["headers"]
+    assert b"ESP_MAX_INFLIGHT_SEARCHES" in sent[1]["body"]
+    assert metrics.admission_refusals.labels(reason="inflight")._value.get() == 1
+    assert metrics.admission_refusals.labels(reason="forecast")._value.get() == 0
+    assert metrics.admission_limit._value.get() == 1
+
+
+def test_an_idle_engine_admits_whatever_the_last_batch_cost() -> None:
+    from service.search.admission import AdmissionMiddleware
+    from service.search.wait import LoopLag
+
+    class Batcher:
+        latency_budget, max_batch, queue_size = 0.25, 64, 1024
+        lag = LoopLag()
+
+        def __init__(self, idle: bool) -> None:
+            self.idle = idle
+
+        def expected_wait(self, n: int, now: float | None = None) -> float:
+            return 2.0  # the last batch was expensive: 2 s a query at its rate
+
+        def seconds_per_request(self, now: float | None = None) -> float | None:
+            return None
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        return None
+
+    async def run(idle: bool) -> list[dict[str, Any]]:
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        scope = {"type": "http", "method": "POST", "path": "/v1/search", "headers": []}
+        await AdmissionMiddleware(app, _pipeline(Batcher(idle)))(scope, _body, send)  # type: ignore[arg-type]
+        return sent
+
+    assert asyncio.run(run(idle=True)) == []  # nothing ahead of it: admitted
+    assert asyncio.run(run(idle=False))[0]["status"] == 429
+
+
+def test_the_loop_lag_monitor_rests_while_no_search_asks_and_resumes_on_one() -> None:
+    from service.search.wait import LoopLag
+
+    async def run() -> tuple[bool, bool, float]:
+        lag = LoopLag(interval=0.005, idle_after=0.05)
+        lag.start()
+        await asyncio.sleep(0.2)
+        rested = lag.resting  # no touch for 50 ms: it stopped waking the loop
+        lag.touch()
+        resumed = not lag.resting
+        time.sleep(0.05)  # the loop is busy
+        await asyncio.sleep(0)
+        measured = lag.lag()
+        lag.stop()
+        return rested, resumed, measured
+
+    rested, resumed, measured = asyncio.run(run())
+    assert rested and resumed and measured >= 0.04
 
 
 def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_queries(tmp_path: Path) -> None:
@@ -419,7 +545,7 @@ def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_que
     assert asyncio.run(sliced()) == 3
 
     class Batcher:
-        latency_budget, max_batch, queue_size = 0.25, 64, 1024
+        latency_budget, max_batch, queue_size, idle = 0.25, 64, 1024, False
         lag = LoopLag()
 
         def expected_wait(self, n: int, now: float | None = None) -> float:
@@ -439,7 +565,7 @@ def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_que
         middleware = AdmissionMiddleware(answered_in_one_second(slices), _pipeline(Batcher()))
         scope = {"type": "http", "method": "POST", "path": "/v1/search", "headers": []}
         for _ in range(2):  # the second answer, a window later, closes the window
-            await middleware(scope, None, None)  # type: ignore[arg-type]
+            await middleware(scope, _body, None)  # type: ignore[arg-type]
             await asyncio.sleep(LIMIT_WINDOW * 1.1)
         assert middleware.adaptive is not None
         return middleware.adaptive.limit
