@@ -210,7 +210,8 @@ class AdmissionMiddleware:
                     return
 
         try:
-            await asyncio.wait_for(read(), self.pipeline.settings.search_body_deadline_seconds)
+            async with asyncio.timeout(self.pipeline.settings.search_body_deadline_seconds):  # no extra task
+                await read()
         except TimeoutError:
             return None
         return messages

@@ -7,6 +7,7 @@ import asyncio
 import json
 import socket
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 from urllib.parse import urlparse
@@ -16,7 +17,7 @@ import pytest
 
 from service.errors import STATUS, ClientClosedError, OverloadedError, error_headers, error_kind
 from service.metrics import Metrics
-from service.search.wait import Arrival
+from service.search.wait import Arrival, LoopLag
 from tests.service.search.test_batching import _batcher, _state, _vectors
 
 
@@ -28,6 +29,25 @@ def _pipeline(batcher: Any, max_inflight_searches: int | None = None) -> Any:
 
     settings = Settings(max_inflight_searches=max_inflight_searches)
     return SimpleNamespace(batcher=batcher, settings=settings, metrics=Metrics())
+
+
+@dataclass
+class FakeBatcher:
+    """What the admission middleware reads of the micro-batcher, set per test."""
+
+    latency_budget: float = 0.25
+    wait_per_query: float = 0.0  # expected_wait(n) = n x this
+    per_request: float | None = None  # seconds_per_request
+    idle: bool = False
+    lag: LoopLag = field(default_factory=LoopLag)  # not started: no lag
+    max_batch: int = 64
+    queue_size: int = 1024
+
+    def expected_wait(self, n: int, now: float | None = None) -> float:
+        return self.wait_per_query * n
+
+    def seconds_per_request(self, now: float | None = None) -> float | None:
+        return self.per_request
 
 
 async def _body() -> dict[str, Any]:
@@ -43,7 +63,9 @@ async def _hold(b: Any, state: Any) -> asyncio.Task[Any]:
     return busy
 
 
-def test_a_request_that_would_wait_past_the_budget_is_429_with_retry_after_from_the_rate(tmp_path: Path) -> None:
+def test_a_request_that_would_wait_past_the_budget_is_429_with_retry_after_from_the_rate(
+    tmp_path: Path,
+) -> None:
     state = _state(tmp_path)
 
     async def run() -> None:
@@ -143,17 +165,9 @@ def test_queued_work_of_a_disconnected_client_is_dropped(tmp_path: Path) -> None
 def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body_is_read() -> None:
     from service.http_limits import RECEIVED
     from service.search.admission import AdmissionMiddleware
-    from service.search.wait import LoopLag
 
-    class Batcher:
-        latency_budget, max_batch, queue_size, idle = 0.25, 64, 1024, False
-        lag = LoopLag()  # not started: no lag
-
-        def expected_wait(self, n: int, now: float | None = None) -> float:
-            return 0.05 * n
-
-        def seconds_per_request(self, now: float | None = None) -> float | None:
-            return None
+    def Batcher() -> FakeBatcher:  # noqa: N802
+        return FakeBatcher(wait_per_query=0.05, lag=LoopLag())  # lag not started: none
 
     reached: list[str] = []
 
@@ -173,7 +187,10 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
             sent.append(message)
 
         scope = {
-            "type": "http", "method": "POST", "path": path, "headers": [],
+            "type": "http",
+            "method": "POST",
+            "path": path,
+            "headers": [],
             RECEIVED: time.monotonic() - waited,
         }
         await AdmissionMiddleware(app, _pipeline(Batcher()))(scope, receive, send)
@@ -205,7 +222,9 @@ def test_a_queued_request_that_waited_out_the_budget_is_shed_at_dequeue_not_run(
         b = _batcher(Metrics(), max_wait_ms=0, queue_size=100, latency_budget_ms=20.0)
         await b.start()
         busy = await _hold(b, state)  # nothing measured yet: the next one is admitted (no forecast)
-        late = asyncio.create_task(b.submit(state, _vectors(2, 1), np.ones(2), 3, arrival=Arrival(time.monotonic())))
+        late = asyncio.create_task(
+            b.submit(state, _vectors(2, 1), np.ones(2), 3, arrival=Arrival(time.monotonic()))
+        )
         await asyncio.sleep(0.01)
         assert b.depth == 2
         while time.monotonic() - late_arrival(b) <= 0.02:  # until it has waited out the 20 ms budget
@@ -217,7 +236,9 @@ def test_a_queued_request_that_waited_out_the_budget_is_shed_at_dequeue_not_run(
         assert error_headers(err.value)["Retry-After"] == "1"
         await busy
         assert b.depth == 0 and b.shed == 1
-        fresh = await b.submit(state, _vectors(1, 2), np.ones(2), 3, arrival=Arrival(time.monotonic()))  # idle: runs
+        fresh = await b.submit(
+            state, _vectors(1, 2), np.ones(2), 3, arrival=Arrival(time.monotonic())
+        )  # idle: runs
         assert len(fresh) == 1
         await b.stop()
 
@@ -241,7 +262,9 @@ def test_the_wait_since_arrival_counts_against_the_budget_at_submit(tmp_path: Pa
         with pytest.raises(OverloadedError) as err:  # 2 ms of queue, but it arrived 60 ms ago
             await b.submit(state, _vectors(1, 1), np.ones(2), 1, arrival=Arrival(time.monotonic() - 0.06))
         assert "ms waited" in err.value.message
-        ok = asyncio.create_task(b.submit(state, _vectors(1, 2), np.ones(2), 1, arrival=Arrival(time.monotonic())))
+        ok = asyncio.create_task(
+            b.submit(state, _vectors(1, 2), np.ones(2), 1, arrival=Arrival(time.monotonic()))
+        )
         state.engine.gate.set()  # type: ignore[attr-defined]
         await asyncio.gather(busy, ok)
         await b.stop()
@@ -250,7 +273,6 @@ def test_the_wait_since_arrival_counts_against_the_budget_at_submit(tmp_path: Pa
 
 
 def test_the_loop_lag_is_how_late_the_loop_runs_a_callback_that_was_due() -> None:
-    from service.search.wait import LoopLag
 
     async def run() -> tuple[float, float, float]:
         lag = LoopLag(interval=0.005)
@@ -272,7 +294,6 @@ def test_the_loop_lag_is_how_late_the_loop_runs_a_callback_that_was_due() -> Non
 
 
 def test_a_restarted_loop_lag_forgets_a_pause_made_on_purpose() -> None:
-    from service.search.wait import LoopLag
 
     async def run() -> tuple[float, float]:
         lag = LoopLag(interval=0.005)
@@ -323,22 +344,12 @@ def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it
 def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
     from service.http_limits import RECEIVED
     from service.search.admission import AdmissionMiddleware
-    from service.search.wait import LoopLag
 
     lag = LoopLag()
     lag._due = time.monotonic() + 3600  # started, next callback not due: the lag is the last one
 
-    class Batcher:
-        latency_budget, max_batch, queue_size, idle = 0.25, 64, 1024, False
-
-        def __init__(self) -> None:
-            self.lag = lag
-
-        def expected_wait(self, n: int, now: float | None = None) -> float:
-            return 0.0
-
-        def seconds_per_request(self, now: float | None = None) -> float | None:
-            return None
+    def Batcher() -> FakeBatcher:  # noqa: N802
+        return FakeBatcher(lag=lag)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         from service.search.wait import ARRIVAL
@@ -355,7 +366,10 @@ def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
 
         middleware = AdmissionMiddleware(app, _pipeline(Batcher()))
         scope = {
-            "type": "http", "method": "POST", "path": "/v1/search", "headers": [],
+            "type": "http",
+            "method": "POST",
+            "path": "/v1/search",
+            "headers": [],
             RECEIVED: time.monotonic(),
         }
         await middleware(scope, receive=_body, send=send)  # type: ignore[arg-type]
@@ -380,7 +394,9 @@ def _head_and_body(s: socket.socket) -> tuple[str, bytes]:
         data += s.recv(65536)
     head, _, rest = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
-    length = next(int(v) for k, _, v in (ln.partition(":") for ln in lines[1:]) if k.lower() == "content-length")
+    length = next(
+        int(v) for k, _, v in (ln.partition(":") for ln in lines[1:]) if k.lower() == "content-length"
+    )
     while len(rest) < length:
         rest += s.recv(65536)
     return head.decode("latin-1"), rest[:length]
@@ -391,8 +407,13 @@ def test_a_slow_body_holds_no_slot_and_a_trickled_one_meets_its_deadline_on_a_li
     tiny_bundle: Path, server_factory: Any
 ) -> None:
     # one search in flight at most, a budget no request here comes near: only the limit refuses
-    server = server_factory(tiny_bundle, max_inflight_searches=1, latency_budget_ms=600_000,
-                            search_body_deadline_seconds=2.0, body_timeout_seconds=30.0)
+    server = server_factory(
+        tiny_bundle,
+        max_inflight_searches=1,
+        latency_budget_ms=600_000,
+        search_body_deadline_seconds=2.0,
+        body_timeout_seconds=30.0,
+    )
     host = urlparse(server.url).netloc
     body = json.dumps({"queries": [{"text": "what is a cat"}], "k": 3}).encode()
     head = (
@@ -431,17 +452,9 @@ def test_a_slow_body_holds_no_slot_and_a_trickled_one_meets_its_deadline_on_a_li
 
 def test_past_the_inflight_limit_a_search_whose_body_arrived_gets_429_counted_by_reason() -> None:
     from service.search.admission import AdmissionMiddleware
-    from service.search.wait import LoopLag
 
-    class Batcher:
-        latency_budget, max_batch, queue_size, idle = 600.0, 64, 1024, True
-        lag = LoopLag()
-
-        def expected_wait(self, n: int, now: float | None = None) -> float:
-            return 0.0
-
-        def seconds_per_request(self, now: float | None = None) -> float | None:
-            return 0.5
+    def Batcher() -> FakeBatcher:  # noqa: N802
+        return FakeBatcher(latency_budget=600.0, per_request=0.5, idle=True)
 
     release = asyncio.Event()
 
@@ -476,20 +489,9 @@ def test_past_the_inflight_limit_a_search_whose_body_arrived_gets_429_counted_by
 
 def test_an_idle_engine_admits_whatever_the_last_batch_cost() -> None:
     from service.search.admission import AdmissionMiddleware
-    from service.search.wait import LoopLag
 
-    class Batcher:
-        latency_budget, max_batch, queue_size = 0.25, 64, 1024
-        lag = LoopLag()
-
-        def __init__(self, idle: bool) -> None:
-            self.idle = idle
-
-        def expected_wait(self, n: int, now: float | None = None) -> float:
-            return 2.0  # the last batch was expensive: 2 s a query at its rate
-
-        def seconds_per_request(self, now: float | None = None) -> float | None:
-            return None
+    def Batcher(idle: bool) -> FakeBatcher:  # noqa: N802
+        return FakeBatcher(wait_per_query=2.0, idle=idle)  # the last batch cost 2 s a query
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
         return None
@@ -509,7 +511,6 @@ def test_an_idle_engine_admits_whatever_the_last_batch_cost() -> None:
 
 
 def test_the_loop_lag_monitor_rests_while_no_search_asks_and_resumes_on_one() -> None:
-    from service.search.wait import LoopLag
 
     async def run() -> tuple[bool, bool, float]:
         lag = LoopLag(interval=0.005, idle_after=0.05)
@@ -530,7 +531,7 @@ def test_the_loop_lag_monitor_rests_while_no_search_asks_and_resumes_on_one() ->
 
 def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_queries(tmp_path: Path) -> None:
     from service.search.admission import LIMIT_WINDOW, AdmissionMiddleware
-    from service.search.wait import ARRIVAL, LoopLag
+    from service.search.wait import ARRIVAL
 
     state = _state(tmp_path)
 
@@ -544,15 +545,8 @@ def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_que
 
     assert asyncio.run(sliced()) == 3
 
-    class Batcher:
-        latency_budget, max_batch, queue_size, idle = 0.25, 64, 1024, False
-        lag = LoopLag()
-
-        def expected_wait(self, n: int, now: float | None = None) -> float:
-            return 0.0
-
-        def seconds_per_request(self, now: float | None = None) -> float | None:
-            return None
+    def Batcher() -> FakeBatcher:  # noqa: N802
+        return FakeBatcher()
 
     def answered_in_one_second(slices: int) -> Any:
         async def app(scope: Any, receive: Any, send: Any) -> None:
