@@ -550,20 +550,21 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
     if any(curves.values()):
         add(f"## Serving-weight sweep of {cfg.methods[fm].label}")
         add("")
-        add("Every checkpoint of every run is swept; only the serving weights change. Entity weight "
-            "w_e with w_semantic = 1 - w_e and w_intent = 0 (a slice of the simplex grid); mean ± std "
-            f"over {_seeds_text(per_method[fm]['seeds'])}.")
+        first = curves[per_method[fm]["seeds"][0]]
+        names = [n for n in first[0]["weights"] if n != "intent"]
+        add("Every checkpoint of every run is swept; only the serving weights change. The points of "
+            "the simplex grid with w_intent = 0, one column per other weight (they sum to 1); mean ± "
+            f"std over {_seeds_text(per_method[fm]['seeds'])}.")
         add("")
         srows = []
-        first = curves[per_method[fm]["seeds"][0]]
         for i, pt in enumerate(first):
             w = pt["weights"]
             if w.get("intent", 0.0) != 0.0:
                 continue
             xs = [curves[s][i]["metrics"][X] for s in per_method[fm]["seeds"]]
             ys = [curves[s][i]["metrics"][Y] for s in per_method[fm]["seeds"]]
-            srows.append([f"{w.get('entity', 0.0):.1f}", fmt(xs), fmt(ys)])
-        add(markdown_table(["w_e", "NDCG@10", "entity P@10"], srows))
+            srows.append([f"{w.get(n, 0.0):.1f}" for n in names] + [fmt(xs), fmt(ys)])
+        add(markdown_table([f"w_{n}" for n in names] + ["NDCG@10", "entity P@10"], srows))
         add("")
 
     # ---- operating points
