@@ -150,6 +150,7 @@ def live_row(doc_id: str) -> int:
 
 _MILVUS_TYPES: dict[FieldType, str] = {
     FieldType.STRING: "VARCHAR",
+    FieldType.TEXT: "VARCHAR",  # stored and returned, never in an expression (subspace.filters)
     FieldType.INT: "INT64",
     FieldType.FLOAT: "DOUBLE",
     FieldType.BOOL: "BOOL",
@@ -188,7 +189,7 @@ def create_collection(
     s.add_field(VECTOR, DataType.FLOAT_VECTOR, dim=layout.dim)
     for name, kind in schema.fields.items():
         dtype = getattr(DataType, _MILVUS_TYPES[kind])
-        extra = {"max_length": 65535} if kind == FieldType.STRING else {}
+        extra = {"max_length": 65535} if kind in (FieldType.STRING, FieldType.TEXT) else {}
         s.add_field(name, dtype, **extra)
         s.add_field(presence_field(name), DataType.BOOL)
     params = client.prepare_index_params()
@@ -202,6 +203,11 @@ def create_collection(
         consistency_level=CONSISTENCY,
         timeout=settings.timeout,
     )
+
+#: What a column holds for a document without the field (its presence flag says so).
+_ABSENT: dict[FieldType, Any] = {
+    FieldType.STRING: "", FieldType.TEXT: "", FieldType.FLOAT: 0.0, FieldType.BOOL: False
+}
 
 
 def entity(
@@ -222,11 +228,7 @@ def entity(
     for name, kind in schema.fields.items():
         value = fields.get(name)
         present = value is not None
-        if present:
-            stored = coerce_value(kind, value, f"{where}.{name}")
-        else:
-            stored = {FieldType.STRING: "", FieldType.FLOAT: 0.0, FieldType.BOOL: False}.get(kind, 0)
-        out[name] = stored
+        out[name] = coerce_value(kind, value, f"{where}.{name}") if present else _ABSENT.get(kind, 0)
         out[presence_field(name)] = present
     return out
 

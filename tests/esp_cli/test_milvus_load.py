@@ -30,7 +30,7 @@ def test_load_resume_and_refuse(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["rows"] == 250 and report["resumed_at"] == 0 and report["index"] == "FLAT"
-    assert report["metadata_fields"] == {"text": "string", "lang": "string", "year": "int"}
+    assert report["metadata_fields"] == {"text": "text", "lang": "string", "year": "int"}  # text: not filterable
     assert main(args) == 0  # everything is there: nothing to write
     assert json.loads(capsys.readouterr().out)["resumed_at"] == 250
     other = _bundle(tmp_path / "b2", seed=2)
