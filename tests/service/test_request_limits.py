@@ -95,13 +95,14 @@ def test_a_body_without_a_json_content_type_says_so(client: TestClient) -> None:
         assert "application/json" in r.json()["message"]
 
 
-def test_admin_routes_check_the_token_before_parsing_the_body(client: TestClient) -> None:
+@pytest.mark.parametrize("route", ["/v1/admin/reload", "/v1/documents"])
+def test_admin_routes_check_the_token_before_parsing_the_body(client: TestClient, route: str) -> None:
     malformed = {"content": b'{"path": ', "headers": {"content-type": "application/json"}}
-    assert client.post("/v1/admin/reload", **malformed).status_code == 401  # type: ignore[arg-type]
+    assert client.post(route, **malformed).status_code == 401  # type: ignore[arg-type]
     wrong = {"authorization": "Bearer nope", "content-type": "application/json"}
-    assert client.post("/v1/admin/reload", content=b'{"path": ', headers=wrong).status_code == 403
+    assert client.post(route, content=b'{"path": ', headers=wrong).status_code == 403
     right = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
-    assert client.post("/v1/admin/reload", content=b'{"path": ', headers=right).status_code == 422
+    assert client.post(route, content=b'{"path": ', headers=right).status_code == 422
 
 
 def test_a_newline_in_a_reload_path_does_not_forge_log_lines(
