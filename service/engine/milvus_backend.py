@@ -204,6 +204,14 @@ def create_collection(
         timeout=settings.timeout,
     )
 
+def _columns(metadata: Any) -> dict[str, str]:
+    """A description's metadata fields as columns: ``text`` and ``string`` are both VARCHAR (a
+    collection written before ``text`` was a type of its own says ``string``; it is resumed, not
+    refused, and keeps what its description says)."""
+    fields = metadata if isinstance(metadata, Mapping) else {}
+    return {k: FieldType.STRING.value if v == FieldType.TEXT else v for k, v in fields.items()}
+
+
 #: What a column holds for a document without the field (its presence flag says so).
 _ABSENT: dict[FieldType, Any] = {
     FieldType.STRING: "", FieldType.TEXT: "", FieldType.FLOAT: 0.0, FieldType.BOOL: False
@@ -294,7 +302,8 @@ def load_bundle(
                 old = read_description(client, name, timeout)
             except BackendUnavailable:
                 old = {}
-            same = all(old.get(k) == desc[k] for k in ("layout", "metadata", "fingerprint", "count"))
+            same = all(old.get(k) == desc[k] for k in ("layout", "fingerprint", "count"))
+            same = same and _columns(old.get("metadata")) == _columns(desc["metadata"])
             if not same:
                 if not replace:
                     raise EngineInputError(
