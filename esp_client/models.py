@@ -76,7 +76,7 @@ class LayoutResponse(_Answer):
     subspaces: list[SubspaceInfo]
     default_weights: dict[str, float]  # every weight a request may set: subspaces, then sparse blocks
     bundle_version: str
-    metadata_fields: dict[str, str] = {}  # what a search filter may name: field -> type
+    metadata_fields: dict[str, str] = {}  # field -> type; a filter may name any but type 'text'
     sparse: list[SparseInfo] = []  # sparse blocks (BM25), weighed by name like a subspace
 
 

@@ -15,8 +15,10 @@ reads the answer. :class:`LimitedHttpToolsProtocol` adds, per connection:
   the app has not consumed it yet does not count): 408 when nothing was answered yet, then close;
 - a lingering close whenever the connection is closed while the request body is still arriving
   (413 answered early, 408, 431): the write side is shut (the answer is followed by FIN, not
-  RST) and what the client still sends is read and dropped for up to ``linger_seconds`` (and
-  at most :data:`LINGER_MAX_BYTES`), so every client reads its answer.
+  RST) and what the client still sends is read and dropped for up to ``linger_seconds``, so
+  every client reads its answer. Time is the only bound: a client that sends its whole body
+  before reading (however large: a byte count would reset a 64 MiB upload) and finishes within
+  it reads its 413; one still sending after it is reset.
 
 It also stamps each request's scope with when its headers were complete
 (:data:`RECEIVED`, ``time.monotonic()``), so admission can count the time a request already
@@ -44,8 +46,6 @@ from uvicorn.protocols.http.httptools_impl import STATUS_LINE, HttpToolsProtocol
 from service.config import Settings, get_settings
 from service.errors import STATUS, ErrorKind, encoded_error, send_error
 
-#: Bytes a lingering close reads (and drops) at most before it closes anyway.
-LINGER_MAX_BYTES = 64 * 1024 * 1024
 #: Scope key: ``time.monotonic()`` when the request's headers were complete.
 RECEIVED = "esp.received"
 
@@ -107,12 +107,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._limits: HttpLimits = cls.limits
         self._in_head = True  # the bytes that come next belong to a request line and headers
         self._head_bytes = 0
+        self._heads_done = 0  # request heads completed on this connection
         self._header_count = 0
         self._rejection: tuple[ErrorKind, str] | None = None
         self._head_timer: asyncio.TimerHandle | None = None
         self._body_timer: asyncio.TimerHandle | None = None
         self._lingering = False
-        self._lingered = 0
         self._linger_timer: asyncio.TimerHandle | None = None
         self._body_pending = False  # headers complete, body not yet
         self._concurrency, self.limit_concurrency = self.limit_concurrency, None  # checked here
@@ -130,22 +130,24 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def data_received(self, data: bytes) -> None:
         if self._lingering:
-            self._lingered += len(data)
-            if self._lingered > LINGER_MAX_BYTES:
-                self._transport_close()
-            return
+            return  # dropped: the linger timer ends the connection
         self._unset_keepalive_if_required()
         if self._in_head:
             room = self._limits.max_header_bytes - self._head_bytes
             if len(data) > room:
-                if not self._feed(data[: room + 1]) or self._lingering:
+                # Only the bytes within the limit reach the parser: a head that has not ended
+                # among them is refused before its request exists (431, nothing dispatched).
+                # Counting completed heads, not reading ``_in_head``, tells "ended within the
+                # limit" apart from "ended, and its whole message too" (which sets it again).
+                heads = self._heads_done
+                if not self._feed(data[:room]) or self._lingering:
                     return
-                if self._in_head:  # the head is still not complete past the limit
+                if self._heads_done == heads:
                     limit = self._limits.max_header_bytes
                     message = f"request line and headers exceed {limit} bytes"
                     self._reject(ErrorKind.HEADERS_TOO_LARGE, message)
                     return
-                self._feed(data[room + 1 :])
+                self._feed(data[room:])
                 self._arm_pending_timer()
                 return
             self._head_bytes += len(data)
@@ -202,6 +204,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
 
     def on_headers_complete(self) -> None:
         self._in_head = False
+        self._heads_done += 1
         self._cancel(self._head_timer)
         self._head_timer = None
         self.scope[RECEIVED] = time.monotonic()  # type: ignore[literal-required]

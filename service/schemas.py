@@ -184,7 +184,9 @@ class LayoutResponse(BaseModel):
     sparse: list[SparseInfo] = Field(
         default_factory=list, description="sparse blocks (BM25 over the corpus vocabulary), weighed by name")
     metadata_fields: dict[str, str] = Field(
-        default_factory=dict, description="fields a search filter may name, with their types"
+        default_factory=dict,
+        description="the corpus' metadata fields with their types: a search filter may name any but "
+        "those of type text (display text, returned in a hit's fields, not filterable)",
     )
 
 

@@ -14,7 +14,10 @@ manifest's ``metadata.fields``, else inferred from ``docs.jsonl``) and compiled 
 :class:`Node` s, which evaluate two ways:
 
 * :meth:`Node.mask` over a :class:`MetadataTable` (columns built once from the bundle's docs):
-  an exact ``(N,)`` boolean row mask for the in-process backends;
+  an exact ``(N,)`` boolean row mask for the in-process backends. A string field is held as one
+  integer code per row and a value -> code dict, so ``eq`` and ``in`` (up to
+  :data:`MAX_IN_VALUES` values) cost a dict lookup per value and one gather over the rows,
+  whatever the strings' lengths;
 * :func:`milvus_expression`: the same predicate as a Milvus boolean expression, values quoted
   safely, negation pushed down to the leaves (Milvus Lite's engine has no ``not``).
 
@@ -22,6 +25,11 @@ Semantics (both evaluations): a condition holds only for a document that *has* t
 whose value satisfies it; ``not`` is the complement, so ``not {"field": "lang", "eq": "en"}``
 also matches documents without ``lang``. Dates compare as UTC instants (a date alone is its
 midnight; a time without offset is UTC), stored as integer microseconds since the epoch.
+
+The display text is not filterable unless the bundle says so: a field of type ``text`` is
+stored and returned (a hit's ``fields``, a Milvus column) but no filter may name it, and
+inference gives the ``docs.jsonl`` key ``text`` that type. A manifest that declares
+``"text": "string"`` in ``metadata.fields`` makes it filterable.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from __future__ import annotations
 import json
 import math
 import re
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from enum import StrEnum
@@ -70,7 +78,12 @@ class FieldType(StrEnum):
     FLOAT = "float"
     BOOL = "bool"
     DATE = "date"
+    #: a string stored and returned with hits but never filtered on (the display text)
+    TEXT = "text"
 
+
+#: The ``docs.jsonl`` key of a document's display text: inferred as :attr:`FieldType.TEXT`.
+DISPLAY_TEXT = "text"
 
 _RANGED = (FieldType.INT, FieldType.FLOAT, FieldType.DATE)
 
@@ -208,6 +221,10 @@ class MetadataSchema:
     def names(self) -> list[str]:
         return list(self.fields)
 
+    def filterable(self) -> list[str]:
+        """The fields a filter may name: all but those of type ``text``."""
+        return [k for k, v in self.fields.items() if v != FieldType.TEXT]
+
     def to_dict(self) -> dict[str, str]:
         return {k: str(v) for k, v in self.fields.items()}
 
@@ -228,7 +245,8 @@ class MetadataSchema:
     @classmethod
     def infer(cls, docs: Iterable[Mapping[str, Any]] | None) -> MetadataSchema:
         """The keys of ``docs`` whose non-null values share one scalar type (ints and floats ->
-        float; strings that are all ISO dates -> date), with names a Milvus field may have."""
+        float; strings that are all ISO dates -> date), with names a Milvus field may have; the
+        display text (:data:`DISPLAY_TEXT`) is of type ``text``, not filterable."""
         types: dict[str, FieldType | None] = {}
         mixed: set[str] = set()
         for doc in docs or ():
@@ -244,6 +262,8 @@ class MetadataSchema:
                     mixed.add(key)
                     types.pop(key, None)
         ok = {k: v for k, v in types.items() if v is not None and _valid_name(k)}
+        if ok.get(DISPLAY_TEXT) in (FieldType.STRING, FieldType.DATE):
+            ok[DISPLAY_TEXT] = FieldType.TEXT  # not filterable unless declared (module doc)
         return cls(ok)
 
     @classmethod
@@ -328,6 +348,8 @@ class Eq(Node):
     value: Any
 
     def mask(self, table: MetadataTable) -> np.ndarray:
+        if self.kind == FieldType.STRING:
+            return table.matching(self.field, (self.value,))
         col, present = table.column(self.field)
         return present & (col == self.value)
 
@@ -342,11 +364,10 @@ class In(Node):
     values: tuple[Any, ...]
 
     def mask(self, table: MetadataTable) -> np.ndarray:
+        if self.kind == FieldType.STRING:
+            return table.matching(self.field, self.values)
         col, present = table.column(self.field)
-        values = (
-            np.asarray(self.values) if self.kind == FieldType.STRING else np.asarray(self.values, col.dtype)
-        )
-        return present & np.isin(col, values)
+        return present & np.isin(col, np.asarray(self.values, col.dtype))
 
     def fields(self) -> set[str]:
         return {self.field}
@@ -475,13 +496,20 @@ def _compile(spec: Any, schema: MetadataSchema, where: str, count: list[int]) ->
     assert isinstance(spec, Condition)
     name = spec.field
     if name not in schema:
-        known = schema.names()
+        known = schema.filterable()
         raise FilterError(
             f"{where}.field: {name!r} is not a metadata field of this corpus; "
             + (f"filterable fields: {known}" if known else "it declares none (no docs.jsonl fields)"),
             f"{where}.field",
         )
     kind = schema.fields[name]
+    if kind == FieldType.TEXT:
+        raise FilterError(
+            f"{where}.field: {name!r} is display text (type text), not filterable: a bundle makes it "
+            f"filterable by declaring it a string in its manifest's metadata.fields; filterable "
+            f"fields: {schema.filterable()}",
+            f"{where}.field",
+        )
     for i, v in enumerate([spec.eq] if spec.in_ is None else spec.in_):
         if isinstance(v, str) and ("\n" in v or "\r" in v):
             at = f"{where}.eq" if spec.in_ is None else f"{where}.in[{i}]"
@@ -524,7 +552,6 @@ def _compile(spec: Any, schema: MetadataSchema, where: str, count: list[int]) ->
 
 # --- in-process evaluation ---------------------------------------------------------------------
 _FILL: dict[FieldType, tuple[Any, Any]] = {
-    FieldType.STRING: (object, ""),
     FieldType.INT: (np.int64, 0),
     FieldType.FLOAT: (np.float64, 0.0),
     FieldType.BOOL: (np.bool_, False),
@@ -533,7 +560,9 @@ _FILL: dict[FieldType, tuple[Any, Any]] = {
 
 
 class MetadataTable:
-    """Columns of the declared fields over ``N`` rows: ``(values, present)`` per field."""
+    """The filterable fields over ``N`` rows: ``(values, present)`` per number, bool or date
+    field; per string field one ``int32`` code per row (``-1``: no value) and a value -> code
+    dict (its keys are the docs' own strings, not copies). ``text`` fields are not held."""
 
     def __init__(
         self, schema: MetadataSchema, docs: Sequence[Mapping[str, Any]] | None, num_rows: int
@@ -541,28 +570,60 @@ class MetadataTable:
         self.schema = schema
         self.num_rows = num_rows
         self._columns: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+        self._codes: dict[str, tuple[np.ndarray, dict[str, int]]] = {}
         docs = docs if docs is not None else [{}] * num_rows
         if len(docs) != num_rows:
             raise FilterError(f"docs: {len(docs)} rows for {num_rows} corpus rows", "docs")
         for name, kind in schema.fields.items():
+            if kind == FieldType.TEXT:
+                continue
+            if kind == FieldType.STRING:
+                codes = np.full(num_rows, -1, dtype=np.int32)
+                index: dict[str, int] = {}
+                for i, value in _stored(kind, name, docs):
+                    codes[i] = index.setdefault(value, len(index))
+                self._codes[name] = (codes, index)
+                continue
             dtype, fill = _FILL[kind]
             values = np.full(num_rows, fill, dtype=dtype)
             present = np.zeros(num_rows, dtype=bool)
-            for i, doc in enumerate(docs):
-                v = doc.get(name)
-                if v is None:
-                    continue
-                try:
-                    values[i] = coerce_value(kind, v, f"docs[{i}].{name}")
-                except FilterError:
-                    continue  # a value of another type never matches (the schema was declared)
+            for i, value in _stored(kind, name, docs):
+                values[i] = value
                 present[i] = True
-            if kind == FieldType.STRING:
-                values = values.astype(str)
             self._columns[name] = (values, present)
 
     def column(self, name: str) -> tuple[np.ndarray, np.ndarray]:
+        """``(values, present)`` of a number, bool or date field."""
         return self._columns[name]
+
+    def matching(self, name: str, values: Iterable[str]) -> np.ndarray:
+        """The rows whose string field ``name`` equals one of ``values``: ``(N,)`` bool."""
+        codes, index = self._codes[name]
+        wanted = np.zeros(len(index) + 1, dtype=bool)  # its last entry stays False: code -1, no value
+        for value in values:
+            code = index.get(value)
+            if code is not None:
+                wanted[code] = True
+        return wanted[codes]
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the table's arrays (the string dicts' keys are the docs' own strings)."""
+        arrays = [a for pair in self._columns.values() for a in pair]
+        return sum(a.nbytes for a in arrays) + sum(c.nbytes for c, _ in self._codes.values())
+
+
+def _stored(kind: FieldType, name: str, docs: Sequence[Mapping[str, Any]]) -> Iterator[tuple[int, Any]]:
+    """``(row, stored value)`` of each document with a valid value of field ``name``; a value of
+    another type never matches (the schema was declared, or inferred from other rows)."""
+    for i, doc in enumerate(docs):
+        value = doc.get(name)
+        if value is None:
+            continue
+        try:
+            yield i, coerce_value(kind, value, f"docs[{i}].{name}")
+        except FilterError:
+            continue
 
 
 # --- Milvus expressions ------------------------------------------------------------------------
@@ -627,6 +688,7 @@ def allowed_rows_expression(mask: np.ndarray, row_field: str) -> str:
 
 
 __all__ = [
+    "DISPLAY_TEXT",
     "FILTER_TAGS",
     "AllOf",
     "AnyOf",

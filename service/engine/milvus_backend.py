@@ -150,6 +150,7 @@ def live_row(doc_id: str) -> int:
 
 _MILVUS_TYPES: dict[FieldType, str] = {
     FieldType.STRING: "VARCHAR",
+    FieldType.TEXT: "VARCHAR",  # stored and returned, never in an expression (subspace.filters)
     FieldType.INT: "INT64",
     FieldType.FLOAT: "DOUBLE",
     FieldType.BOOL: "BOOL",
@@ -188,7 +189,7 @@ def create_collection(
     s.add_field(VECTOR, DataType.FLOAT_VECTOR, dim=layout.dim)
     for name, kind in schema.fields.items():
         dtype = getattr(DataType, _MILVUS_TYPES[kind])
-        extra = {"max_length": 65535} if kind == FieldType.STRING else {}
+        extra = {"max_length": 65535} if kind in (FieldType.STRING, FieldType.TEXT) else {}
         s.add_field(name, dtype, **extra)
         s.add_field(presence_field(name), DataType.BOOL)
     params = client.prepare_index_params()
@@ -202,6 +203,19 @@ def create_collection(
         consistency_level=CONSISTENCY,
         timeout=settings.timeout,
     )
+
+def _columns(metadata: Any) -> dict[str, str]:
+    """A description's metadata fields as columns: ``text`` and ``string`` are both VARCHAR (a
+    collection written before ``text`` was a type of its own says ``string``; it is resumed, not
+    refused, and keeps what its description says)."""
+    fields = metadata if isinstance(metadata, Mapping) else {}
+    return {k: FieldType.STRING.value if v == FieldType.TEXT else v for k, v in fields.items()}
+
+
+#: What a column holds for a document without the field (its presence flag says so).
+_ABSENT: dict[FieldType, Any] = {
+    FieldType.STRING: "", FieldType.TEXT: "", FieldType.FLOAT: 0.0, FieldType.BOOL: False
+}
 
 
 def entity(
@@ -222,11 +236,7 @@ def entity(
     for name, kind in schema.fields.items():
         value = fields.get(name)
         present = value is not None
-        if present:
-            stored = coerce_value(kind, value, f"{where}.{name}")
-        else:
-            stored = {FieldType.STRING: "", FieldType.FLOAT: 0.0, FieldType.BOOL: False}.get(kind, 0)
-        out[name] = stored
+        out[name] = coerce_value(kind, value, f"{where}.{name}") if present else _ABSENT.get(kind, 0)
         out[presence_field(name)] = present
     return out
 
@@ -292,7 +302,8 @@ def load_bundle(
                 old = read_description(client, name, timeout)
             except BackendUnavailable:
                 old = {}
-            same = all(old.get(k) == desc[k] for k in ("layout", "metadata", "fingerprint", "count"))
+            same = all(old.get(k) == desc[k] for k in ("layout", "fingerprint", "count"))
+            same = same and _columns(old.get("metadata")) == _columns(desc["metadata"])
             if not same:
                 if not replace:
                     raise EngineInputError(

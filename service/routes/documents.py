@@ -6,7 +6,10 @@ consistency level ``Strong`` on writes and searches). The in-process backends se
 immutable index and answer 409 (:class:`~service.errors.ReadOnlyIndexError`): rebuild the
 bundle and reload it. A document is an ``id``, a ``vector`` (full or per subspace, normalised
 per block like a query) or a ``text`` (encoded by the bundle's encoder), and metadata
-``fields`` among those the collection declares (``text`` is also stored when declared).
+``fields`` among those the collection declares (``text`` is also stored when declared). The
+token is checked from the headers before the body is read or parsed
+(:class:`~service.routes.admin.AdminRoute`, as on the admin routes): without it, 401 or 403,
+never a judgement of the body.
 """
 
 from __future__ import annotations
@@ -19,7 +22,7 @@ from fastapi import APIRouter, Depends, Path
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from service.errors import NotFoundError, ReadOnlyIndexError
-from service.routes.admin import require_admin
+from service.routes.admin import AdminRoute, require_admin
 from service.routes.deps import StateDep
 from service.schemas import MAX_TEXT_CHARS, Vector, error_responses
 from service.search.results import query_vector
@@ -78,7 +81,7 @@ class DeleteResponse(BaseModel):
     consistency: str
 
 
-router = APIRouter(tags=["documents"], dependencies=[Depends(require_admin)])
+router = APIRouter(tags=["documents"], dependencies=[Depends(require_admin)], route_class=AdminRoute)
 
 
 def _writable(state: ServingState) -> Backend:

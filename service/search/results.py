@@ -2,10 +2,21 @@
 (:func:`query_vector`), the queries for the micro-batcher (:func:`prepare_queries`), and the
 ``results`` of a response (:func:`build_results`), measured as they are built so an oversized
 answer stops early (``ESP_MAX_RESPONSE_BYTES``).
+
+Before the engine runs, :func:`check_answer_size` refuses a request whose *smallest* possible
+answer is already past the limit: the hits it is sure to get (``k`` per query, fewer only where
+the corpus is shorter than ``offset + k``; none assured with a filter, a ``score_threshold`` or
+a backend that is approximate or holds its own documents) times the fewest bytes any hit of the
+served corpus adds to :func:`build_results`' measure (its shortest id, its shortest display
+fields). It never refuses what the measure while building would let through; that measure
+stays, for everything it cannot rule out.
 """
 
 from __future__ import annotations
 
+import threading
+import weakref
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -14,6 +25,7 @@ from service.schemas import Query
 from service.search.batching import QueryHits, QueryInput
 from service.search.page import DISPLAY_FIELDS, SearchPage
 from service.state import ServingState
+from subspace.engine.base import Backend
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
@@ -77,12 +89,54 @@ _HIT_OVERHEAD = 48  # bytes of a hit's JSON besides its id, display fields and s
 _SUBSPACE_BYTES = 32  # one "name": score pair, about
 
 
-def too_large(size: int, limit: int) -> FieldError:
+def too_large(size: int, limit: int, measured: str = "so far") -> FieldError:
     return FieldError(
         f"the response would be larger than {limit} bytes (setting ESP_MAX_RESPONSE_BYTES; about {size} "
-        "so far): ask for a smaller k or fewer queries",
+        f"{measured}): ask for a smaller k or fewer queries",
         "k",
     )
+
+
+def _display_bytes(doc: Mapping[str, Any]) -> int:
+    """What a hit's display fields add to the measure of :func:`build_results`."""
+    return sum(len(v) + 12 for key in DISPLAY_FIELDS if isinstance(v := doc.get(key), str))
+
+
+_floors: weakref.WeakKeyDictionary[Backend, tuple[int, int]] = weakref.WeakKeyDictionary()
+_floors_lock = threading.Lock()
+
+
+def _corpus_floors(state: ServingState) -> tuple[int, int]:
+    """The served bundle's shortest id and fewest display bytes of a document (one pass, kept
+    per engine: one per served bundle, as :func:`service.filtering.filter_context`)."""
+    with _floors_lock:
+        floors = _floors.get(state.engine)
+        if floors is None:
+            ids, docs = state.bundle.ids, state.docs
+            shortest = min(map(len, ids), default=0)
+            display = min(map(_display_bytes, docs), default=0) if docs else 0
+            floors = _floors[state.engine] = (shortest, display)
+        return floors
+
+
+def check_answer_size(
+    state: ServingState, n_queries: int, page: SearchPage, max_bytes: int, *, filtered: bool
+) -> None:
+    """Refuse (:func:`too_large`) before the engine runs a request whose smallest possible answer
+    is past ``max_bytes`` (module doc); ``filtered``: the request has a filter."""
+    caps = state.engine.capabilities
+    if filtered or page.score_threshold is not None or caps.approximate or caps.metadata:
+        return  # any number of hits, down to none, may come back
+    hits = max(0, min(page.engine_k, state.num_docs) - page.offset)
+    shortest_id, display = _corpus_floors(state)
+    per_hit = _HIT_OVERHEAD + _SUBSPACE_BYTES * len(state.layout.names) + shortest_id
+    if page.fields is not None:
+        per_hit += sum(len(name) + 8 for name, _ in page.fields)  # each value: at least ""
+    else:
+        per_hit += display
+    least = n_queries * hits * per_hit
+    if least > max_bytes:
+        raise too_large(least, max_bytes, f"at least: {n_queries} queries x {hits} hits x {per_hit} bytes")
 
 
 def build_results(
@@ -124,7 +178,7 @@ def build_results(
                     value = doc.get(key)
                     if isinstance(value, str):
                         hit[key] = value
-                        size += len(value) + 12
+                size += _display_bytes(doc)
             if max_bytes is not None and size > max_bytes:
                 raise too_large(size, max_bytes)
             out.append(hit)

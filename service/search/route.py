@@ -7,8 +7,10 @@ engine is closed only after its last request.
 
 Cost per request is bounded: at most ``max_queries`` queries, ``k <= max_k``, queries x k at most
 ``max_hits`` and a response body of at most ``max_response_bytes`` (each a 422 naming the limit
-and its setting), ``offset + k`` within the same limits (:mod:`service.search.page`); the response is
-measured while it is built, so an oversized one stops early.
+and its setting), ``offset + k`` within the same limits (:mod:`service.search.page`); a request whose
+smallest possible answer is past ``max_response_bytes`` is refused before the engine runs, and the
+response is measured while it is built, so an oversized one stops early
+(:mod:`service.search.results`).
 
 The route is an ordinary FastAPI route (dependencies, overrides, the app's middleware and
 exception handlers all apply); only JSON goes through pydantic-core's Rust codec, because a
@@ -35,7 +37,7 @@ from service.schemas import SearchRequest, SearchResponse, error_responses
 from service.search.codec import PydanticJSONResponse, PydanticJSONRoute
 from service.search.page import search_page
 from service.search.pipeline import SearchContext, SearchContextDep, SearchPipeline
-from service.search.results import build_results, prepare_queries, too_large
+from service.search.results import build_results, check_answer_size, prepare_queries, too_large
 from service.tracing import Tracing
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
@@ -134,6 +136,7 @@ async def _run_search(body: SearchRequest, ctx: SearchContext, started: float) -
         score_threshold=body.score_threshold,
         fields=body.fields,
     )
+    check_answer_size(state, len(body.queries), page, max_bytes, filtered=body.filter is not None)
     queries = prepare_queries(body.queries, state)
     dense_weights, sparse_weights = sparse_query.for_request(body, resolved, state)
     if body.filter is not None:  # scored in its own engine call, over the rows the filter allows

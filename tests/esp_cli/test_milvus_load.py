@@ -30,7 +30,7 @@ def test_load_resume_and_refuse(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["rows"] == 250 and report["resumed_at"] == 0 and report["index"] == "FLAT"
-    assert report["metadata_fields"] == {"text": "string", "lang": "string", "year": "int"}
+    assert report["metadata_fields"] == {"text": "text", "lang": "string", "year": "int"}  # text: not filterable
     assert main(args) == 0  # everything is there: nothing to write
     assert json.loads(capsys.readouterr().out)["resumed_at"] == 250
     other = _bundle(tmp_path / "b2", seed=2)
@@ -83,3 +83,20 @@ def test_an_interrupted_load_resumes_at_the_first_incomplete_batch(
     assert main(args) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["resumed_at"] == 200 and report["rows"] == 250
+
+
+def test_a_collection_written_when_text_was_a_string_is_resumed_not_refused(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from service.engine.milvus_backend import MilvusSettings, load_bundle
+    from subspace.bundle import read_bundle
+    from subspace.filters import MetadataSchema
+
+    db = str(tmp_path / "m.db")
+    bundle = read_bundle(_bundle(tmp_path / "b", seed=3))
+    old = MetadataSchema.from_dict({"text": "string", "lang": "string", "year": "int"})  # as before
+    settings = MilvusSettings(uri=db, collection="c")
+    load_bundle(settings, bundle.layout, bundle.embeddings, bundle.ids, bundle.docs(), schema=old)
+    args = ["milvus-load", str(bundle.path), "--uri", db, "--collection", "c", "--no-progress"]
+    assert main(args) == 0, capsys.readouterr().err  # the same VARCHAR column: not another corpus
+    assert json.loads(capsys.readouterr().out)["resumed_at"] == 250  # nothing to write again

@@ -20,6 +20,8 @@ from subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 WAIT = 20.0  # socket timeout: far above the 1 s limits under test, so only a missing answer trips it
+TOKEN = "http-limits-admin-token"
+MAX_HEAD = 8192  # the server's max_header_bytes below
 
 
 @pytest.fixture(scope="module")
@@ -30,8 +32,9 @@ def limited(
     bundle = write_bundle(tmp_path_factory.mktemp("http") / "b", LAYOUT, emb, [f"d{i}" for i in range(200)])
     return module_server_factory(
         bundle,
+        token=TOKEN,
         max_body_bytes=65536,
-        max_header_bytes=8192,
+        max_header_bytes=MAX_HEAD,
         max_headers=50,
         header_timeout_seconds=1,
         body_timeout_seconds=1,
@@ -122,6 +125,16 @@ def test_a_client_that_sends_its_whole_oversized_body_reads_the_413(limited: Liv
     assert b"larger than the limit of 65536 bytes" in err.value.read()
 
 
+def test_a_body_past_64_mib_sent_whole_before_reading_still_reads_the_413(limited: LiveServer) -> None:
+    # the lingering close drops what still arrives for its time, not up to a byte count: a client
+    # that sends 80 MiB before it reads (no reset, no EPIPE on its send) reads the 413
+    size = 80 * 1024 * 1024
+    head = (b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            b"Content-Length: %d\r\n\r\n" % size)
+    answer = _exchange(limited, head + b"x" * size)
+    assert _status(answer) == 413 and b"larger than the limit of 65536 bytes" in answer
+
+
 def test_keep_alive_requests_within_the_limits_are_served(limited: LiveServer) -> None:
     one = b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n"
     answer = _exchange(limited, one + one + b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
@@ -159,3 +172,43 @@ def test_an_unparsable_request_gets_the_error_body(limited: LiveServer) -> None:
     answer = _exchange(limited, b"GET /healthz HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n")
     assert _status(answer) == 400
     assert b'"type": "bad_request"' in answer and b"invalid HTTP request" in answer
+
+
+def _head(size: int, first_lines: bytes) -> bytes:
+    """A request line and headers of exactly ``size`` bytes (blank line included): ``first_lines``
+    (CRLF-terminated) and an ``X-Pad`` header that fills the rest."""
+    head = first_lines + b"X-Pad: \r\n\r\n"
+    pad = size - len(head)
+    assert pad >= 0
+    return first_lines + b"X-Pad: " + b"a" * pad + b"\r\n\r\n"
+
+
+def _reloads(server: LiveServer) -> float:
+    """``esp_bundle_reloads_total{result="success"}`` as the server counts it now."""
+    metrics = urllib.request.urlopen(f"{server.url}/metrics", timeout=WAIT).read().decode()
+    line = next((m for m in metrics.splitlines() if m.startswith('esp_bundle_reloads_total{result="success"}')), None)
+    return 0.0 if line is None else float(line.rsplit(" ", 1)[1])
+
+
+def test_a_head_past_the_limit_by_one_byte_is_431_and_never_executed(limited: LiveServer) -> None:
+    # the head ends on the byte after the limit: it is refused before its request runs (an admin
+    # reload ran and was answered 431 both); exactly at the limit it is served. Reloads run one at
+    # a time, in order, so once the second is answered a first that ran would be counted too.
+    reload = b"POST /v1/admin/reload HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer %s\r\n" % TOKEN.encode()
+    reload += b"Content-Length: 0\r\nConnection: close\r\n"
+    before = _reloads(limited)
+    answer = _exchange(limited, _head(MAX_HEAD + 1, reload))
+    assert _status(answer) == 431 and answer.count(b"HTTP/1.1") == 1, answer[:300]
+    answer = _exchange(limited, _head(MAX_HEAD, reload))
+    assert _status(answer) == 200, answer[-300:]
+    assert _reloads(limited) == before + 1  # only the second ran
+
+
+def test_a_search_whose_head_is_one_byte_too_long_is_not_answered_200(limited: LiveServer) -> None:
+    body = b'{"queries": [{"vector": [' + b", ".join(b"0.5" for _ in range(32)) + b']}], "k": 3}'
+    lines = (b"POST /v1/search HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+             b"Connection: close\r\nContent-Length: %d\r\n" % len(body))
+    answer = _exchange(limited, _head(MAX_HEAD + 1, lines) + body)  # head and body in one send
+    assert _status(answer) == 431 and answer.count(b"HTTP/1.1") == 1, answer[:300]
+    answer = _exchange(limited, _head(MAX_HEAD, lines) + body)
+    assert _status(answer) == 200, answer[-300:]

@@ -219,16 +219,17 @@ def test_a_filter_on_the_numpy_server_is_exact_and_checked(served: LiveServer, s
     assert "text" in fields
     target = docs[3]["text"]
     fields = httpx.get(f"{served.url}/v1/layout", timeout=30).json()["metadata_fields"]
-    assert fields["text"] == "string"  # what a filter may name, listed for clients
+    assert fields["text"] == "text"  # listed for clients: returned, not filterable (not declared)
     q = normalize_blocks(
         np.random.default_rng(3).standard_normal((1, b.layout.dim)).astype(np.float32), b.layout
     )
     r = _search(
         served, {"queries": [{"vector": q[0].tolist()}], "k": 5, "filter": {"field": "text", "eq": target}}
     )
-    assert r.status_code == 200, r.text
-    assert [h["id"] for h in r.json()["results"][0]["hits"]] == [
-        b.ids[i] for i, d in enumerate(docs) if d["text"] == target
-    ][:5]
+    assert r.status_code == 422 and r.json()["field"] == "filter.field", r.text
+    assert "not filterable" in r.json()["message"]
+    r = _search(served, {"queries": [{"vector": q[0].tolist()}], "k": 5, "fields": ["text"]})
+    assert r.status_code == 200, r.text  # still returned when asked for
+    assert all(isinstance(h["fields"]["text"], str) for h in r.json()["results"][0]["hits"])
     r = _search(served, {"queries": [{"vector": q[0].tolist()}], "filter": {"field": "year", "eq": 1}})
     assert r.status_code == 422 and r.json()["field"] == "filter.field"

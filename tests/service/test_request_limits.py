@@ -13,6 +13,7 @@ import logging
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -75,6 +76,53 @@ def test_the_response_size_is_capped(vector_bundle: Path) -> None:
         assert r.json()["field"] == "k" and "ESP_MAX_RESPONSE_BYTES" in r.json()["message"]
 
 
+def _count_submits(monkeypatch: pytest.MonkeyPatch, batcher: Any) -> list[int]:
+    """One entry per search the micro-batcher is given (what would reach the engine)."""
+    submitted: list[int] = []
+    submit = batcher.submit
+
+    async def counted(*args: Any, **kwargs: Any) -> Any:
+        submitted.append(1)
+        return await submit(*args, **kwargs)
+
+    monkeypatch.setattr(batcher, "submit", counted)
+    return submitted
+
+
+def test_an_answer_too_large_even_at_its_smallest_is_refused_before_the_engine_runs(
+    vector_bundle: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for c in _client(vector_bundle, max_response_bytes=65536):
+        submitted = _count_submits(monkeypatch, c.app.state.search.batcher)  # type: ignore[attr-defined]
+        r = c.post("/v1/search", json=_query(4, 25))  # 100 hits of ~2.7 kB of display text each
+        assert r.status_code == 422 and r.json()["field"] == "k", r.text
+        assert "ESP_MAX_RESPONSE_BYTES" in r.json()["message"]
+        assert submitted == []  # refused up front: the engine never ran
+        # what might come back smaller is not refused up front: the measure while building decides
+        few = c.post("/v1/search", json={**_query(4, 25), "score_threshold": 100.0})
+        assert few.status_code == 200 and all(res["hits"] == [] for res in few.json()["results"])
+        ids_only = c.post("/v1/search", json={**_query(4, 25), "fields": ["title"]})
+        assert ids_only.status_code == 200  # the same hits without their texts fit
+        filtered = c.post("/v1/search", json={**_query(4, 25), "filter": {"field": "title", "eq": "t3"}})
+        assert filtered.status_code == 200 and len(filtered.json()["results"][0]["hits"]) == 1
+        assert len(submitted) == 3
+
+
+def test_the_estimate_before_the_engine_never_refuses_an_answer_that_fits(tmp_path: Path) -> None:
+    # 299 documents of 5,000 characters and one of 5: a mean-based estimate refuses k=1 at 4 kB;
+    # the answer (the short one, asked for by its own vector) fits, and is answered
+    x = normalize_blocks(np.random.default_rng(5).standard_normal((300, LAYOUT.dim)).astype(np.float32), LAYOUT)
+    docs = [{"text": "short" if i == 7 else "x" * 5000} for i in range(300)]
+    bundle = write_bundle(tmp_path / "b", LAYOUT, x, [f"d{i}" for i in range(300)], docs=docs)
+    for c in _client(bundle, max_response_bytes=4096):
+        one = {"queries": [{"vector": x[7].tolist()}], "k": 1}
+        r = c.post("/v1/search", json=one)
+        assert r.status_code == 200, r.text
+        assert r.json()["results"][0]["hits"][0]["text"] == "short"
+        r = c.post("/v1/search", json={**one, "k": 2})  # the second hit is long: the measure refuses
+        assert r.status_code == 422 and r.json()["field"] == "k" and "so far" in r.json()["message"]
+
+
 def test_unparsable_bodies_are_400_naming_the_body(client: TestClient) -> None:
     headers = {"content-type": "application/json"}
     bad_utf8 = client.post("/v1/search", content=b'{"queries": [{"text": "\xff\xfe"}]}', headers=headers)
@@ -95,13 +143,14 @@ def test_a_body_without_a_json_content_type_says_so(client: TestClient) -> None:
         assert "application/json" in r.json()["message"]
 
 
-def test_admin_routes_check_the_token_before_parsing_the_body(client: TestClient) -> None:
+@pytest.mark.parametrize("route", ["/v1/admin/reload", "/v1/documents"])
+def test_admin_routes_check_the_token_before_parsing_the_body(client: TestClient, route: str) -> None:
     malformed = {"content": b'{"path": ', "headers": {"content-type": "application/json"}}
-    assert client.post("/v1/admin/reload", **malformed).status_code == 401  # type: ignore[arg-type]
+    assert client.post(route, **malformed).status_code == 401  # type: ignore[arg-type]
     wrong = {"authorization": "Bearer nope", "content-type": "application/json"}
-    assert client.post("/v1/admin/reload", content=b'{"path": ', headers=wrong).status_code == 403
+    assert client.post(route, content=b'{"path": ', headers=wrong).status_code == 403
     right = {"authorization": f"Bearer {TOKEN}", "content-type": "application/json"}
-    assert client.post("/v1/admin/reload", content=b'{"path": ', headers=right).status_code == 422
+    assert client.post(route, content=b'{"path": ', headers=right).status_code == 422
 
 
 def test_a_newline_in_a_reload_path_does_not_forge_log_lines(

@@ -137,3 +137,42 @@ def test_equal_filters_have_equal_keys_and_dates_are_utc_microseconds() -> None:
     values, present = table.column("published")
     assert present.tolist() == [True, True, False, False, False]
     assert values[0] == parse_date("2024-01-02") and np.issubdtype(values.dtype, np.integer)
+
+
+TEXT_DOCS: list[dict[str, Any]] = [
+    {"text": "a long display body", "lang": "en"},
+    {"text": "another body", "lang": "de"},
+    {"lang": "en"},
+    {"text": "a long display body"},
+]
+
+
+def test_the_display_text_is_not_filterable_unless_the_bundle_declares_it() -> None:
+    inferred = MetadataSchema.infer(TEXT_DOCS)
+    assert inferred.to_dict() == {"text": "text", "lang": "string"}  # listed, returned, stored
+    assert inferred.filterable() == ["lang"]
+    with pytest.raises(FilterError, match="not filterable") as exc:
+        compile_filter({"or": [{"field": "lang", "eq": "en"}, {"field": "text", "in": ["x"]}]}, inferred)
+    assert exc.value.field == "filter.or[1].field"
+    assert "'lang'" in str(exc.value)  # the fields a filter may name
+    table = MetadataTable(inferred, TEXT_DOCS, len(TEXT_DOCS))
+    assert table.nbytes == len(TEXT_DOCS) * 4  # lang's codes: no column of the texts
+    declared = MetadataSchema.of_bundle({"metadata": {"fields": {"text": "string"}}}, TEXT_DOCS)
+    spec = {"field": "text", "in": ["a long display body", "not there"]}
+    got = compile_filter(spec, declared).mask(MetadataTable(declared, TEXT_DOCS, len(TEXT_DOCS)))
+    assert got.tolist() == [True, False, False, True]
+
+
+def test_string_conditions_match_through_the_value_index() -> None:
+    docs: list[dict[str, Any]] = [{"tag": f"t{i % 7}"} for i in range(50)] + [{}, {"tag": 3}, {"tag": ""}]
+    schema = MetadataSchema.from_dict({"tag": "string"})
+    table = MetadataTable(schema, docs, len(docs))
+    tags = [d.get("tag") for d in docs]
+    values = [f"t{i}" for i in range(0, 1024, 3)] + ["", "nope"]  # at the limit, most absent
+    for spec, expected in [
+        ({"field": "tag", "in": values}, [t in values for t in tags]),
+        ({"field": "tag", "eq": "t6"}, [t == "t6" for t in tags]),
+        ({"field": "tag", "eq": "missing"}, [False] * len(docs)),
+        ({"not": {"field": "tag", "in": ["t1", ""]}}, [t not in ("t1", "") for t in tags]),
+    ]:
+        assert compile_filter(spec, schema).mask(table).tolist() == expected, spec

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 from service.engine import BACKENDS, BackendUnavailable
-from subspace.filters import MetadataSchema, MetadataTable, compile_filter
+from subspace.filters import FilterError, MetadataSchema, MetadataTable, compile_filter
 from subspace.layout import SubspaceLayout
 from subspace.scoring import reference_scores
 from tests.service.engine.conftest import layout_of, random_rows, reference_topk, tied_corpus
@@ -33,6 +33,7 @@ def _docs(n: int, seed: int) -> list[dict[str, Any]]:
     out = []
     for _ in range(n):
         d: dict[str, Any] = {"lang": str(rng.choice(langs)), "year": int(rng.integers(1990, 2025))}
+        d["text"] = f"display body {len(out)}"  # stored and returned, not filterable
         if rng.random() < 0.7:  # some documents have no score / no date / no flag
             d["score"] = float(rng.normal())
         if rng.random() < 0.8:
@@ -137,6 +138,10 @@ def test_filters_equal_a_masked_brute_force(milvus: Loaded) -> None:
     engine = milvus.engine("filtered", corpus, layout, docs)
     schema = engine.metadata_schema
     assert schema.to_dict() == MetadataSchema.infer(docs).to_dict()
+    assert schema.fields["text"] == "text" and "text" not in schema.filterable()
+    assert engine.documents([7])[0][1]["text"] == "display body 7"
+    with pytest.raises(FilterError, match="not filterable"):
+        compile_filter({"field": "text", "eq": "display body 7"}, schema)
     table = MetadataTable(schema, docs, N)
     full = reference_scores(queries, corpus, weights, layout)
     for spec in FILTERS:
