@@ -27,9 +27,13 @@ OpenAI) texts per request, bounded by ``ESP_MAX_EMBEDDING_TOKENS`` tokens summed
 (what the encoder sees, truncated at its ``max_length``), so LangChain's ``chunk_size=1000``
 fits. Token-id inputs (lists of integers) are refused with a 422 that says what to do: ids of
 another tokenizer (tiktoken's) mean other words to this encoder, and LangChain sends them unless
-``check_embedding_ctx_length=False``. ``dimensions`` must equal the returned width: the vector
-is a concatenation of unit-norm blocks, so a prefix is no smaller embedding of the same text (it
-drops whole subspaces, or cuts one); ``subspaces`` chooses blocks instead. Errors on these routes
+``check_embedding_ctx_length=False``. Requests encode on the bundle's encoder thread through
+:class:`service.encoder_queue.EncoderQueue`: at most ``ESP_MAX_EMBEDDING_QUEUE`` at once (429
+beyond), each answered within ``ESP_EMBEDDING_DEADLINE_SECONDS`` (429 while still waiting, 503
+once encoding; the encoding stops before its next batch). ``dimensions`` must equal the
+returned width: the vector is a concatenation of unit-norm blocks, so a prefix is no smaller
+embedding of the same text (it drops whole subspaces, or cuts one); ``subspaces`` chooses blocks
+instead. Errors on these routes
 are in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``service.errors``),
 except a body over ``ESP_MAX_BODY_BYTES``, refused (413) before routing in this service's shape.
 ``GET /v1/models`` lists the served encoder, named by its bundle version.
@@ -38,12 +42,14 @@ except a body over ``ESP_MAX_BODY_BYTES``, refused (413) before routing in this 
 from __future__ import annotations
 
 import base64
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
 
 from service import sparse_query
+from service.encoder_queue import EncoderQueue
 from service.errors import NotFoundError
 from service.routes.deps import SettingsDep, StateDep
 from service.schemas import (
@@ -96,10 +102,19 @@ def shape_vectors(
     return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.float32)
 
 
-def _encode(state: ServingState, texts: list[str], max_tokens: int) -> tuple[np.ndarray, int]:
-    """Count the tokens first (the cap bounds the encoder's time), then encode (the caller
-    checked that the bundle has an encoder)."""
+#: texts per encoder call: the encoder's own batch, so that between calls the deadline is checked
+#: and the vectors are those one call over all the texts gives (its batches, in its order)
+ENCODE_BATCH = 64
+
+
+def _encode(
+    state: ServingState, texts: list[str], max_tokens: int, check: Callable[[], None]
+) -> tuple[np.ndarray, int]:
+    """Count the tokens first (the cap bounds the encoder's time), then encode a batch at a time,
+    calling ``check()`` (:class:`service.encoder_queue.EncoderQueue`: the deadline) before each
+    (the caller checked that the bundle has an encoder)."""
     assert state.encoder is not None
+    check()
     tokens = sum(state.encoder.count_tokens(texts))
     if tokens > max_tokens:
         raise TooManyTokensError(
@@ -107,13 +122,19 @@ def _encode(state: ServingState, texts: list[str], max_tokens: int) -> tuple[np.
             "(ESP_MAX_EMBEDDING_TOKENS): send fewer texts per request (LangChain: a smaller chunk_size)",
             "input",
         )
-    return state.encode(texts), tokens
+    out = np.empty((len(texts), state.layout.dim), np.float32)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # the encoder's order (by length)
+    for start in range(0, len(order), ENCODE_BATCH):
+        check()
+        rows = order[start : start + ENCODE_BATCH]
+        out[rows] = state.encode([texts[i] for i in rows])
+    return out, tokens
 
 
 @router.post(
     "/v1/embeddings",
     response_model=EmbeddingsResponse,
-    responses={**error_responses(422, 503, openai=True), **error_responses(413)},  # 413: before routing
+    responses={**error_responses(422, 429, 503, openai=True), **error_responses(413)},  # 413: before routing
     summary="Encode texts with the bundle's query encoder (OpenAI embeddings shape)",
 )
 async def embeddings(
@@ -149,7 +170,8 @@ async def embeddings(
         ), layout)
         block_weights, weights_used = resolved.block_weights, resolved.weights_used
         point = resolved.operating_point
-    vectors, tokens = await state.in_encoder_thread(_encode, state, texts, settings.max_embedding_tokens)
+    queue: EncoderQueue = request.app.state.embedding_queue
+    vectors, tokens = await queue.run(state, _encode, state, texts, settings.max_embedding_tokens)
     shaped = shape_vectors(vectors, layout, blocks, block_weights)
     data: list[dict[str, Any]] = []
     for i, row in enumerate(shaped):
