@@ -151,3 +151,19 @@ def test_batches_give_the_vectors_one_call_gives(small_bundle: Path) -> None:
     r = run(small_bundle, scenario)
     assert r.status_code == 200, r.text
     assert [row["embedding"][0] for row in r.json()["data"]] == [float(len(t)) for t in texts]
+
+
+def test_a_request_whose_caller_goes_away_is_dropped_from_the_queue(small_bundle: Path) -> None:
+    async def scenario(client: httpx.AsyncClient, encoder: HeldEncoder, app: Any) -> list[list[str]]:
+        first = asyncio.create_task(embed(client, ["held on the encoder"]))
+        await until(encoder.started.is_set)
+        gone = asyncio.create_task(embed(client, ["its caller went away"]))
+        await until(lambda: app.state.embedding_queue.admitted == 2)
+        gone.cancel()
+        await until(lambda: app.state.embedding_queue.admitted == 1)  # its place is free at once
+        encoder.gate.set()
+        assert (await first).status_code == 200
+        await until(lambda: app.state.embedding_queue.admitted == 0)
+        return encoder.encoded
+
+    assert run(small_bundle, scenario, embedding_deadline_seconds=600) == [["held on the encoder"]]
