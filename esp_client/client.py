@@ -2,9 +2,10 @@
 
 Results are typed models (:mod:`esp_client.models`); an error response raises
 :class:`ESPError` carrying the service's ``type``, ``message``, ``field`` and status (and
-``retry_after`` for 429/503). Queries may be given as a text (``str``), a vector (list or
-numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
-``{"text": ...}`` / ``{"vector": ...}`` dict::
+``retry_after`` for 429/503), once a 429 or 503 has been sent again as :class:`RetryPolicy` says
+(by default up to 3 times, after the server's ``Retry-After`` with jitter; ``retries=0``: never).
+Queries may be given as a text (``str``), a vector (list or numpy array of all D components), a
+``{subspace: block}`` mapping, or a ready ``{"text": ...}`` / ``{"vector": ...}`` dict::
 
     with ESPClient("http://127.0.0.1:8000") as c:
         res = c.search(["what is a bank"], k=5, weights={"semantic": 1.0, "entity": 0.2})
