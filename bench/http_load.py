@@ -294,7 +294,8 @@ async def load_level(
                         conn = await stack.enter_async_context(RawConnection(host, port))
                 i += concurrency
 
-    async with AsyncESPClient(url, timeout=120, max_connections=concurrency) as shared:
+    # retries=0: a 429 or 503 is counted as a failure of the server, not resent and hidden in a latency
+    async with AsyncESPClient(url, timeout=120, max_connections=concurrency, retries=0) as shared:
         warmed, go = asyncio.Semaphore(0), asyncio.Event()
         tasks = [asyncio.create_task(worker(w, shared, warmed, go)) for w in range(concurrency)]
         for _ in range(concurrency):

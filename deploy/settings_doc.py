@@ -115,6 +115,8 @@ HELM: dict[str, Value | Fixed | NotServed] = {
     "ESP_MAX_QUERIES": Value("config.maxQueries", 17),
     "ESP_MAX_EMBEDDING_INPUTS": Value("config.maxEmbeddingInputs", 99),
     "ESP_MAX_EMBEDDING_TOKENS": Value("config.maxEmbeddingTokens", 123456789),
+    "ESP_MAX_EMBEDDING_QUEUE": Value("config.maxEmbeddingQueue", 3),
+    "ESP_EMBEDDING_DEADLINE_SECONDS": Value("config.embeddingDeadlineSeconds", 7.5),
     "ESP_MAX_K": Value("config.maxK", 77),
     "ESP_MAX_BODY_BYTES": Value("config.maxBodyBytes", 123456789),
     "ESP_MAX_BATCH": Value("config.maxBatch", 31),

@@ -2,9 +2,10 @@
 
 Results are typed models (:mod:`esp_client.models`); an error response raises
 :class:`ESPError` carrying the service's ``type``, ``message``, ``field`` and status (and
-``retry_after`` for 429/503). Queries may be given as a text (``str``), a vector (list or
-numpy array of all D components), a ``{subspace: block}`` mapping, or a ready
-``{"text": ...}`` / ``{"vector": ...}`` dict::
+``retry_after`` for 429/503), once a 429 or 503 has been sent again as :class:`RetryPolicy` says
+(by default up to 3 times, after the server's ``Retry-After`` with jitter; ``retries=0``: never).
+Queries may be given as a text (``str``), a vector (list or numpy array of all D components), a
+``{subspace: block}`` mapping, or a ready ``{"text": ...}`` / ``{"vector": ...}`` dict::
 
     with ESPClient("http://127.0.0.1:8000") as c:
         res = c.search(["what is a bank"], k=5, weights={"semantic": 1.0, "entity": 0.2})
@@ -22,9 +23,10 @@ from __future__ import annotations
 
 import asyncio
 import importlib.util
+import random
 import sys
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Generic, TypeVar
 from urllib.parse import quote
@@ -33,6 +35,14 @@ import httpx
 import numpy as np
 import pydantic_core
 from pydantic import BaseModel
+from tenacity import (
+    AsyncRetrying,
+    RetryCallState,
+    Retrying,
+    retry_if_result,
+    stop_after_attempt,
+    wait_random_exponential,
+)
 
 from esp_client.models import (
     Assignment,
@@ -144,18 +154,72 @@ def _retry_after(resp: httpx.Response) -> float | None:
 
 #: answers that say "not now" (queue full, not ready): the request was not served, so it may be sent again
 RETRY_STATUSES = frozenset({429, 503})
+#: resends of a 429 or 503 answer by default, and the longest wait before any one of them (seconds)
+DEFAULT_RETRIES = 3
+DEFAULT_MAX_RETRY_WAIT = 5.0
+_BACKOFF = 0.1  # seconds: the bound of the first wait when the server names none, doubling per resend
 
 
-def retry_delay(resp: httpx.Response, attempt: int, retries: int, max_wait: float) -> float | None:
-    """Seconds to wait before sending again, or None when ``resp`` is final.
+@dataclass(frozen=True)
+class RetryPolicy:
+    """When a 429 or 503 answer's request is sent again, and after how long (tenacity runs the loop).
 
-    Only 429 and 503, at most ``retries`` times; the server's ``Retry-After`` when it sends one,
-    else 0.1 s doubling per attempt; never more than ``max_wait``.
+    At most ``retries`` resends (0: none, the answer raises at once), each after a wait of at most
+    ``max_wait`` seconds: the server's ``Retry-After`` plus up to a fifth of it again (at least
+    ``0.1`` s) of random jitter, so clients told the same time do not all come back at once; without
+    the header, a random wait below ``0.1 * 2**n`` s (full jitter). An answer whose ``Retry-After``
+    exceeds ``max_wait`` is not resent earlier than the server asked: it raises, ``retry_after`` set.
     """
-    if resp.status_code not in RETRY_STATUSES or attempt >= retries:
-        return None
-    wait = _retry_after(resp)
-    return min(max_wait, 0.1 * 2**attempt if wait is None else max(0.0, wait))
+
+    retries: int = DEFAULT_RETRIES
+    max_wait: float = DEFAULT_MAX_RETRY_WAIT
+
+    def __post_init__(self) -> None:
+        if self.retries < 0 or not self.max_wait >= 0:
+            raise ValueError(f"retries and max_retry_wait must be >= 0, not {self.retries}, {self.max_wait}")
+
+    def again(self, resp: httpx.Response) -> bool:
+        """Whether ``resp`` is worth sending again (the attempts left are tenacity's to count)."""
+        if resp.status_code not in RETRY_STATUSES:
+            return False
+        after = _retry_after(resp)
+        return after is None or after <= self.max_wait
+
+    def wait(self, state: RetryCallState) -> float:
+        """Seconds before the next attempt, never before the server's ``Retry-After``."""
+        assert state.outcome is not None
+        after = _retry_after(state.outcome.result())
+        if after is None:
+            return wait_random_exponential(multiplier=_BACKOFF, max=self.max_wait)(state)
+        after = max(0.0, after)
+        return min(self.max_wait, after + random.uniform(0.0, max(_BACKOFF, after / 5)))
+
+    def _options(self) -> dict[str, Any]:
+        return {
+            "stop": stop_after_attempt(self.retries + 1),
+            "wait": self.wait,
+            "retry": retry_if_result(self.again),
+            "retry_error_callback": _last_answer,  # attempts spent: the last answer, raised as ESPError
+        }
+
+    def send(self, send: Callable[[], httpx.Response]) -> httpx.Response:
+        return Retrying(sleep=_sleep, **self._options())(send)
+
+    async def asend(self, send: Callable[[], Awaitable[httpx.Response]]) -> httpx.Response:
+        return await AsyncRetrying(sleep=_asleep, **self._options())(send)
+
+
+def _last_answer(state: RetryCallState) -> httpx.Response:
+    assert state.outcome is not None
+    return state.outcome.result()
+
+
+def _sleep(seconds: float) -> None:
+    time.sleep(seconds)
+
+
+async def _asleep(seconds: float) -> None:
+    await asyncio.sleep(seconds)
 
 
 def raise_for_error(resp: httpx.Response) -> None:
@@ -180,6 +244,7 @@ class _Call(Generic[T]):
     json: Any = None
     params: Mapping[str, str] | None = None
     headers: Mapping[str, str] | None = None
+    retry: bool = True  # False: a 429 or 503 is the answer asked for (the readiness probe)
 
 
 def _model(cls: type[BaseModel]) -> Callable[[httpx.Response], Any]:
@@ -235,7 +300,7 @@ class _Calls:
         return _Call("GET", "/healthz", _model(Health))
 
     def ready(self) -> _Call[Readiness]:
-        return _Call("GET", "/readyz", _model(Readiness))
+        return _Call("GET", "/readyz", _model(Readiness), retry=False)
 
     def metrics(self) -> _Call[str]:
         return _Call("GET", "/metrics", lambda r: r.text)
@@ -293,8 +358,9 @@ def _own_or_given(http_client: Any, transport: Any) -> bool:
 
 class ESPClient:
     """Blocking client. ``admin_token`` is only sent to ``/v1/admin/*``. ``retries``: how often a
-    429 (queue full) or 503 (not ready) answer is sent again, after its ``Retry-After`` (capped at
-    ``max_retry_wait`` seconds); 0 (default) raises :class:`ESPError` at once. ``transport`` or
+    429 (queue full) or 503 (not ready) answer is sent again (3 by default, 0: raise
+    :class:`ESPError` at once), each after the server's ``Retry-After`` with jitter, waiting at most
+    ``max_retry_wait`` seconds (:class:`RetryPolicy`; ``ready()`` is never resent). ``transport`` or
     ``http_client``: see the module docstring (``timeout`` applies to a client built here)."""
 
     def __init__(
@@ -303,28 +369,24 @@ class ESPClient:
         *,
         timeout: float = 30.0,
         admin_token: str | None = None,
-        retries: int = 0,
-        max_retry_wait: float = 5.0,
+        retries: int = DEFAULT_RETRIES,
+        max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
         transport: httpx.BaseTransport | None = None,
         http_client: httpx.Client | None = None,
     ) -> None:
+        self._retry = RetryPolicy(retries, max_retry_wait)
         self._owned = _own_or_given(http_client, transport)
         if http_client is None:
             http_client = httpx.Client(timeout=timeout, transport=transport)
         self._http = http_client
         self._base = base_url.rstrip("/")
         self._calls = _Calls(admin_token)
-        self._retries, self._max_retry_wait = retries, max_retry_wait
 
     def _do(self, call: _Call[T]) -> T:
-        attempt = 0
-        while True:
-            resp = self._http.request(call.method, self._base + call.url, **_request_args(call))
-            delay = retry_delay(resp, attempt, self._retries, self._max_retry_wait)
-            if delay is None:
-                break
-            time.sleep(delay)
-            attempt += 1
+        def send() -> httpx.Response:
+            return self._http.request(call.method, self._base + call.url, **_request_args(call))
+
+        resp = self._retry.send(send) if call.retry else send()
         raise_for_error(resp)
         return call.parse(resp)
 
@@ -408,7 +470,8 @@ class ESPClient:
 
 
 class AsyncESPClient:
-    """The same API as :class:`ESPClient`, awaitable; one connection pool for many concurrent calls."""
+    """The same API as :class:`ESPClient` (retries included), awaitable; one connection pool for many
+    concurrent calls."""
 
     def __init__(
         self,
@@ -417,11 +480,12 @@ class AsyncESPClient:
         timeout: float = 30.0,
         admin_token: str | None = None,
         max_connections: int = 256,
-        retries: int = 0,
-        max_retry_wait: float = 5.0,
+        retries: int = DEFAULT_RETRIES,
+        max_retry_wait: float = DEFAULT_MAX_RETRY_WAIT,
         transport: httpx.AsyncBaseTransport | None = None,
         http_client: httpx.AsyncClient | None = None,
     ) -> None:
+        self._retry = RetryPolicy(retries, max_retry_wait)
         self._owned = _own_or_given(http_client, transport)
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
         if http_client is None:
@@ -429,17 +493,12 @@ class AsyncESPClient:
         self._http = http_client
         self._base = base_url.rstrip("/")
         self._calls = _Calls(admin_token)
-        self._retries, self._max_retry_wait = retries, max_retry_wait
 
     async def _do(self, call: _Call[T]) -> T:
-        attempt = 0
-        while True:
-            resp = await self._http.request(call.method, self._base + call.url, **_request_args(call))
-            delay = retry_delay(resp, attempt, self._retries, self._max_retry_wait)
-            if delay is None:
-                break
-            await asyncio.sleep(delay)
-            attempt += 1
+        async def send() -> httpx.Response:
+            return await self._http.request(call.method, self._base + call.url, **_request_args(call))
+
+        resp = await self._retry.asend(send) if call.retry else await send()
         raise_for_error(resp)
         return call.parse(resp)
 

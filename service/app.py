@@ -28,6 +28,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from service import blocking
 from service.config import Settings, get_settings
+from service.encoder_queue import EncoderQueue
 from service.errors import (
     ERROR_KINDS,
     ErrorKind,
@@ -251,6 +252,11 @@ def create_app(settings: Settings | None = None) -> FastAPI:
     # set at start-up (lifespan); None until then, so routes read them without probing
     app.state.registry = app.state.rollout = None
     app.state.cluster_jobs = 0  # clustering requests running now (service.routes.cluster)
+    # POST /v1/embeddings requests on the encoder thread, bounded in number and time
+    app.state.embedding_queue = EncoderQueue(
+        settings.max_embedding_queue, settings.embedding_deadline_seconds,
+        "ESP_MAX_EMBEDDING_QUEUE", "ESP_EMBEDDING_DEADLINE_SECONDS",
+    )
     # the search wing (service.search): spans of each search (service.tracing); the batcher,
     # registry watcher and exposure log join at start-up (lifespan)
     pipeline = app.state.search = SearchPipeline(

@@ -81,6 +81,17 @@ class Settings(BaseSettings):
         description="tokens (as the encoder sees them, truncated at its max_length) summed over one "
         "POST /v1/embeddings request; the bound on its encoder time (OpenAI's cap is 300,000)",
     )
+    max_embedding_queue: int = Field(
+        8, ge=1,
+        description="POST /v1/embeddings requests on the encoder at once (waiting for it or encoding); "
+        "one more is answered 429 with Retry-After",
+    )
+    embedding_deadline_seconds: float = Field(
+        30.0, gt=0,
+        description="a POST /v1/embeddings request is answered within this: still waiting for the "
+        "encoder, 429 with Retry-After (taken off the queue); encoding, 503 with Retry-After (the "
+        "encoding stops at its next batch of texts)",
+    )
     max_k: int = Field(1000, ge=1, description="largest k a request may ask for")
     max_body_bytes: int = Field(4 * 1024 * 1024, ge=1024, description="request body limit")
     max_batch: int = Field(64, ge=1, description="queries per micro-batch")

@@ -12,9 +12,21 @@ the error handler can drop them from the dotted field path (:data:`UNION_TAGS`).
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Discriminator, Field, Tag, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Discriminator,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    Tag,
+    field_validator,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
 
 from service.errors import ErrorKind
 from subspace.clustering import METHODS
@@ -387,3 +399,162 @@ class AssignmentOut(BaseModel):
     )
     operating_point: str
     weights: dict[str, float]
+
+
+# --- POST /v1/embeddings, GET /v1/models (service.routes.embeddings) -------------------------
+
+InputText = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
+
+#: Why token ids are refused, and what each client should do instead.
+TOKEN_IDS_MESSAGE = (
+    "input holds token ids; this service tokenizes text with its own encoder's tokenizer, and ids from "
+    "another (tiktoken's) would mean other words: send the texts as strings. LangChain's "
+    "OpenAIEmbeddings sends token ids unless it is built with check_embedding_ctx_length=False"
+)
+
+
+def _is_token_ids(value: Any) -> bool:
+    """A list of integers, or a list of such lists (OpenAI's token-array inputs)."""
+
+    def ints(x: Any) -> bool:
+        return isinstance(x, list) and bool(x) and all(type(i) is int for i in x)
+
+    return ints(value) or (isinstance(value, list) and bool(value) and all(ints(x) for x in value))
+
+
+class EmbeddingsRequest(BaseModel):
+    """The OpenAI embeddings request (text inputs), plus the optional choice of blocks and weights."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    input: InputText | list[InputText] = Field(
+        ...,
+        description="a text or a list of 1 .. ESP_MAX_EMBEDDING_INPUTS (2,048) texts holding at most "
+        "ESP_MAX_EMBEDDING_TOKENS tokens together; token ids are refused (send strings; LangChain: "
+        "check_embedding_ctx_length=False)",
+    )
+    model: Annotated[str, Field(max_length=200)] | None = Field(
+        None, description="accepted for compatibility and ignored; the response names the bundle version"
+    )
+    encoding_format: Literal["float", "base64"] = Field(
+        "float", description="'float': a list of numbers; 'base64': little-endian float32 bytes"
+    )
+    dimensions: Annotated[int, Field(strict=True, ge=1)] | None = Field(
+        None,
+        description="if given, must equal the returned dimension: a prefix of concatenated unit-norm "
+        "blocks is no smaller embedding, so vectors are not truncated (choose blocks with subspaces)",
+    )
+    user: Annotated[str, Field(max_length=200)] | None = Field(None, description="accepted and ignored")
+    subspaces: Annotated[list[Name], Field(min_length=1)] | None = Field(
+        None, description="only these subspace blocks, concatenated in layout order (default: all)"
+    )
+    weights: Weights | None = Field(
+        None,
+        description="scale each block by its weight (names missing from an object take the default); "
+        "default: every block unscaled",
+    )
+    operating_point: Name | None = Field(
+        None, description="scale each block by a registry operating point's weights"
+    )
+
+    @field_validator("input", mode="before")
+    @classmethod
+    def _no_token_ids(cls, value: Any) -> Any:
+        if _is_token_ids(value):
+            code = {"openai_code": "token_ids_not_supported"}
+            raise PydanticCustomError("token_ids", TOKEN_IDS_MESSAGE, code)
+        return value
+
+
+class EmbeddingItem(BaseModel):
+    object: Literal["embedding"] = "embedding"
+    embedding: list[float] | str = Field(description="the vector, or its base64 float32 bytes")
+    index: int = Field(description="position of the input text")
+
+
+class Usage(BaseModel):
+    prompt_tokens: int
+    total_tokens: int
+
+
+class BlockOut(BaseModel):
+    name: str
+    offset: int = Field(description="where the block starts in the returned vector")
+    dim: int
+    weight: float = Field(description="the factor the (unit-norm) block was multiplied by")
+
+
+class EmbeddingsResponse(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[EmbeddingItem]
+    model: str = Field(description="the bundle version whose encoder produced the vectors")
+    usage: Usage
+    subspaces: list[BlockOut] = Field(description="the blocks of the returned vectors, in order")
+    weights_used: dict[str, float] | None = Field(
+        None, description="the weights applied (null: unscaled blocks)"
+    )
+    operating_point: str | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of ``GET /v1/models`` (OpenAI's model object)."""
+
+    id: str = Field(description="the served bundle's version: what /v1/embeddings answers as 'model'")
+    object: Literal["model"] = "model"
+    created: int = Field(description="unix time the bundle's manifest was written")
+    owned_by: str = "esp-retrieval"
+
+
+class ModelList(BaseModel):
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+# --- POST /v1/documents, DELETE /v1/documents/{id} (service.routes.documents) ----------------
+
+MAX_DOCUMENTS = 256
+MAX_ID_CHARS = 1024
+
+_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
+FieldValue = Annotated[StrictBool | StrictInt | _Number | StrictStr | None, Field(union_mode="left_to_right")]
+DocId = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
+
+
+class DocumentIn(BaseModel):
+    """One document to insert or replace (by ``id``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    id: DocId
+    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | None = Field(
+        None, description="display text; encoded by the bundle's encoder when no vector is given"
+    )
+    vector: Vector | None = Field(None, description="the document embedding: D numbers or {subspace: block}")
+    fields: dict[Annotated[str, Field(min_length=1, max_length=64)], FieldValue] = Field(
+        default_factory=dict, description="metadata values by declared field (null: absent)"
+    )
+
+    @model_validator(mode="after")
+    def _vector_or_text(self) -> DocumentIn:
+        if self.vector is None and self.text is None:
+            raise ValueError("give a 'vector', or a 'text' to encode")
+        return self
+
+
+class UpsertRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    documents: list[DocumentIn] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
+
+
+class UpsertResponse(BaseModel):
+    upserted: int
+    ids: list[str]
+    backend: str
+    consistency: str = Field(description="searches started after this answer see the writes")
+
+
+class DeleteResponse(BaseModel):
+    deleted: str
+    backend: str
+    consistency: str

@@ -27,7 +27,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, TypeVar
@@ -138,19 +138,27 @@ class ServingState:
             raise RuntimeError(f"bundle {self.version} has no query encoder")
         return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
 
-    async def in_encoder_thread(self, fn: Callable[..., T], *args: Any) -> T:
-        """``fn(*args)`` (work that calls the encoder) on this bundle's one encoder thread, the
-        state held meanwhile. One thread, because torch already spreads one encode over every
-        core (two at once only contend), and every thread that runs torch on CPU starts an
-        OpenMP team of its own that lives as long as the thread: here one team per bundle,
-        ended with it, not one per thread of the blocking pool. Searches encode their text
-        queries on the micro-batcher's engine thread instead."""
+    def encoder_job(self, fn: Callable[..., T], *args: Any) -> Future[T]:
+        """``fn(*args)`` (work that calls the encoder) queued on this bundle's one encoder thread,
+        the state held until it has run, or until it is cancelled before it started. One thread,
+        because torch already spreads one encode over every core (two at once only contend), and
+        every thread that runs torch on CPU starts an OpenMP team of its own that lives as long
+        as the thread: here one team per bundle, ended with it, not one per thread of the
+        blocking pool. Searches encode their text queries on the micro-batcher's engine thread
+        instead."""
         if not self.acquire():  # retired and closed since the caller took it
             raise NotReadyError("the served bundle was just replaced; retry", retry_after=1.0)
         try:
-            return await asyncio.wrap_future(self._encoding.submit(fn, *args))
-        finally:
+            future = self._encoding.submit(fn, *args)
+        except BaseException:
             self.release()
+            raise
+        future.add_done_callback(lambda _: self.release())
+        return future
+
+    async def in_encoder_thread(self, fn: Callable[..., T], *args: Any) -> T:
+        """:meth:`encoder_job`, awaited."""
+        return await asyncio.wrap_future(self.encoder_job(fn, *args))
 
     def search(
         self, queries: np.ndarray, block_weights: np.ndarray, k: int,

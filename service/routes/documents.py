@@ -19,12 +19,11 @@ from typing import Annotated, Any
 
 import numpy as np
 from fastapi import APIRouter, Depends, Path
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, StrictStr, model_validator
 
 from service.errors import NotFoundError, ReadOnlyIndexError
 from service.routes.admin import AdminRoute, require_admin
 from service.routes.deps import StateDep
-from service.schemas import MAX_TEXT_CHARS, Vector, error_responses
+from service.schemas import MAX_ID_CHARS, DeleteResponse, UpsertRequest, UpsertResponse, error_responses
 from service.search.results import query_vector
 from service.state import ServingState
 from subspace.engine.base import Backend, LiveDocument
@@ -32,54 +31,7 @@ from subspace.errors import FieldError
 from subspace.filters import coerce_value
 from subspace.scoring import normalize_blocks
 
-MAX_DOCUMENTS = 256
-MAX_ID_CHARS = 1024
 CONSISTENCY = "Strong"
-
-_Number = Annotated[float, Field(strict=True, allow_inf_nan=False)]
-FieldValue = Annotated[StrictBool | StrictInt | _Number | StrictStr | None, Field(union_mode="left_to_right")]
-DocId = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_ID_CHARS)]
-
-
-class DocumentIn(BaseModel):
-    """One document to insert or replace (by ``id``)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    id: DocId
-    text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | None = Field(
-        None, description="display text; encoded by the bundle's encoder when no vector is given"
-    )
-    vector: Vector | None = Field(None, description="the document embedding: D numbers or {subspace: block}")
-    fields: dict[Annotated[str, Field(min_length=1, max_length=64)], FieldValue] = Field(
-        default_factory=dict, description="metadata values by declared field (null: absent)"
-    )
-
-    @model_validator(mode="after")
-    def _vector_or_text(self) -> DocumentIn:
-        if self.vector is None and self.text is None:
-            raise ValueError("give a 'vector', or a 'text' to encode")
-        return self
-
-
-class UpsertRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    documents: list[DocumentIn] = Field(..., min_length=1, max_length=MAX_DOCUMENTS)
-
-
-class UpsertResponse(BaseModel):
-    upserted: int
-    ids: list[str]
-    backend: str
-    consistency: str = Field(description="searches started after this answer see the writes")
-
-
-class DeleteResponse(BaseModel):
-    deleted: str
-    backend: str
-    consistency: str
-
 
 router = APIRouter(tags=["documents"], dependencies=[Depends(require_admin)], route_class=AdminRoute)
 

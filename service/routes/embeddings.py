@@ -27,9 +27,13 @@ OpenAI) texts per request, bounded by ``ESP_MAX_EMBEDDING_TOKENS`` tokens summed
 (what the encoder sees, truncated at its ``max_length``), so LangChain's ``chunk_size=1000``
 fits. Token-id inputs (lists of integers) are refused with a 422 that says what to do: ids of
 another tokenizer (tiktoken's) mean other words to this encoder, and LangChain sends them unless
-``check_embedding_ctx_length=False``. ``dimensions`` must equal the returned width: the vector
-is a concatenation of unit-norm blocks, so a prefix is no smaller embedding of the same text (it
-drops whole subspaces, or cuts one); ``subspaces`` chooses blocks instead. Errors on these routes
+``check_embedding_ctx_length=False``. Requests encode on the bundle's encoder thread through
+:class:`service.encoder_queue.EncoderQueue`: at most ``ESP_MAX_EMBEDDING_QUEUE`` at once (429
+beyond), each answered within ``ESP_EMBEDDING_DEADLINE_SECONDS`` (429 while still waiting, 503
+once encoding; the encoding stops before its next batch). ``dimensions`` must equal the
+returned width: the vector is a concatenation of unit-norm blocks, so a prefix is no smaller
+embedding of the same text (it drops whole subspaces, or cuts one); ``subspaces`` chooses blocks
+instead. Errors on these routes
 are in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}`` (``service.errors``),
 except a body over ``ESP_MAX_BODY_BYTES``, refused (413) before routing in this service's shape.
 ``GET /v1/models`` lists the served encoder, named by its bundle version.
@@ -38,17 +42,23 @@ except a body over ``ESP_MAX_BODY_BYTES``, refused (413) before routing in this 
 from __future__ import annotations
 
 import base64
-from typing import Annotated, Any, Literal
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-from pydantic_core import PydanticCustomError
 
 from service import sparse_query
+from service.encoder_queue import EncoderQueue
 from service.errors import NotFoundError
 from service.routes.deps import SettingsDep, StateDep
-from service.schemas import MAX_TEXT_CHARS, Name, Weights, error_responses
+from service.schemas import (
+    EmbeddingsRequest,
+    EmbeddingsResponse,
+    ModelCard,
+    ModelList,
+    error_responses,
+)
 from service.search.codec import PydanticJSONResponse
 from service.state import ServingState
 from subspace.bundle import MANIFEST
@@ -57,103 +67,11 @@ from subspace.layout import SubspaceLayout
 
 router = APIRouter(tags=["embeddings"])
 
-InputText = Annotated[str, Field(strict=True, min_length=1, max_length=MAX_TEXT_CHARS)]
-
-#: Why token ids are refused, and what each client should do instead.
-TOKEN_IDS_MESSAGE = (
-    "input holds token ids; this service tokenizes text with its own encoder's tokenizer, and ids from "
-    "another (tiktoken's) would mean other words: send the texts as strings. LangChain's "
-    "OpenAIEmbeddings sends token ids unless it is built with check_embedding_ctx_length=False"
-)
-
-
-def _is_token_ids(value: Any) -> bool:
-    """A list of integers, or a list of such lists (OpenAI's token-array inputs)."""
-
-    def ints(x: Any) -> bool:
-        return isinstance(x, list) and bool(x) and all(type(i) is int for i in x)
-
-    return ints(value) or (isinstance(value, list) and bool(value) and all(ints(x) for x in value))
-
 
 class TooManyTokensError(FieldError):
     """The texts of one embeddings request hold more tokens than ``ESP_MAX_EMBEDDING_TOKENS`` (-> 422)."""
 
     code = "too_many_tokens"
-
-
-class EmbeddingsRequest(BaseModel):
-    """The OpenAI embeddings request (text inputs), plus the optional choice of blocks and weights."""
-
-    model_config = ConfigDict(extra="forbid", strict=True)
-
-    input: InputText | list[InputText] = Field(
-        ...,
-        description="a text or a list of 1 .. ESP_MAX_EMBEDDING_INPUTS (2,048) texts holding at most "
-        "ESP_MAX_EMBEDDING_TOKENS tokens together; token ids are refused (send strings; LangChain: "
-        "check_embedding_ctx_length=False)",
-    )
-    model: Annotated[str, Field(max_length=200)] | None = Field(
-        None, description="accepted for compatibility and ignored; the response names the bundle version"
-    )
-    encoding_format: Literal["float", "base64"] = Field(
-        "float", description="'float': a list of numbers; 'base64': little-endian float32 bytes"
-    )
-    dimensions: Annotated[int, Field(strict=True, ge=1)] | None = Field(
-        None,
-        description="if given, must equal the returned dimension: a prefix of concatenated unit-norm "
-        "blocks is no smaller embedding, so vectors are not truncated (choose blocks with subspaces)",
-    )
-    user: Annotated[str, Field(max_length=200)] | None = Field(None, description="accepted and ignored")
-    subspaces: Annotated[list[Name], Field(min_length=1)] | None = Field(
-        None, description="only these subspace blocks, concatenated in layout order (default: all)"
-    )
-    weights: Weights | None = Field(
-        None,
-        description="scale each block by its weight (names missing from an object take the default); "
-        "default: every block unscaled",
-    )
-    operating_point: Name | None = Field(
-        None, description="scale each block by a registry operating point's weights"
-    )
-
-    @field_validator("input", mode="before")
-    @classmethod
-    def _no_token_ids(cls, value: Any) -> Any:
-        if _is_token_ids(value):
-            code = {"openai_code": "token_ids_not_supported"}
-            raise PydanticCustomError("token_ids", TOKEN_IDS_MESSAGE, code)
-        return value
-
-
-class EmbeddingItem(BaseModel):
-    object: Literal["embedding"] = "embedding"
-    embedding: list[float] | str = Field(description="the vector, or its base64 float32 bytes")
-    index: int = Field(description="position of the input text")
-
-
-class Usage(BaseModel):
-    prompt_tokens: int
-    total_tokens: int
-
-
-class BlockOut(BaseModel):
-    name: str
-    offset: int = Field(description="where the block starts in the returned vector")
-    dim: int
-    weight: float = Field(description="the factor the (unit-norm) block was multiplied by")
-
-
-class EmbeddingsResponse(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[EmbeddingItem]
-    model: str = Field(description="the bundle version whose encoder produced the vectors")
-    usage: Usage
-    subspaces: list[BlockOut] = Field(description="the blocks of the returned vectors, in order")
-    weights_used: dict[str, float] | None = Field(
-        None, description="the weights applied (null: unscaled blocks)"
-    )
-    operating_point: str | None = None
 
 
 def selected_blocks(layout: SubspaceLayout, names: list[str] | None) -> list[str]:
@@ -184,10 +102,19 @@ def shape_vectors(
     return np.ascontiguousarray(np.concatenate(parts, axis=1), dtype=np.float32)
 
 
-def _encode(state: ServingState, texts: list[str], max_tokens: int) -> tuple[np.ndarray, int]:
-    """Count the tokens first (the cap bounds the encoder's time), then encode (the caller
-    checked that the bundle has an encoder)."""
+#: texts per encoder call: the encoder's own batch, so that between calls the deadline is checked
+#: and the vectors are those one call over all the texts gives (its batches, in its order)
+ENCODE_BATCH = 64
+
+
+def _encode(
+    state: ServingState, texts: list[str], max_tokens: int, check: Callable[[], None]
+) -> tuple[np.ndarray, int]:
+    """Count the tokens first (the cap bounds the encoder's time), then encode a batch at a time,
+    calling ``check()`` (:class:`service.encoder_queue.EncoderQueue`: the deadline) before each
+    (the caller checked that the bundle has an encoder)."""
     assert state.encoder is not None
+    check()
     tokens = sum(state.encoder.count_tokens(texts))
     if tokens > max_tokens:
         raise TooManyTokensError(
@@ -195,13 +122,19 @@ def _encode(state: ServingState, texts: list[str], max_tokens: int) -> tuple[np.
             "(ESP_MAX_EMBEDDING_TOKENS): send fewer texts per request (LangChain: a smaller chunk_size)",
             "input",
         )
-    return state.encode(texts), tokens
+    out = np.empty((len(texts), state.layout.dim), np.float32)
+    order = sorted(range(len(texts)), key=lambda i: len(texts[i]))  # the encoder's order (by length)
+    for start in range(0, len(order), ENCODE_BATCH):
+        check()
+        rows = order[start : start + ENCODE_BATCH]
+        out[rows] = state.encode([texts[i] for i in rows])
+    return out, tokens
 
 
 @router.post(
     "/v1/embeddings",
     response_model=EmbeddingsResponse,
-    responses={**error_responses(422, 503, openai=True), **error_responses(413)},  # 413: before routing
+    responses={**error_responses(422, 429, 503, openai=True), **error_responses(413)},  # 413: before routing
     summary="Encode texts with the bundle's query encoder (OpenAI embeddings shape)",
 )
 async def embeddings(
@@ -237,7 +170,8 @@ async def embeddings(
         ), layout)
         block_weights, weights_used = resolved.block_weights, resolved.weights_used
         point = resolved.operating_point
-    vectors, tokens = await state.in_encoder_thread(_encode, state, texts, settings.max_embedding_tokens)
+    queue: EncoderQueue = request.app.state.embedding_queue
+    vectors, tokens = await queue.run(state, _encode, state, texts, settings.max_embedding_tokens)
     shaped = shape_vectors(vectors, layout, blocks, block_weights)
     data: list[dict[str, Any]] = []
     for i, row in enumerate(shaped):
@@ -263,20 +197,6 @@ async def embeddings(
             "operating_point": point,
         }
     )
-
-
-class ModelCard(BaseModel):
-    """One entry of ``GET /v1/models`` (OpenAI's model object)."""
-
-    id: str = Field(description="the served bundle's version: what /v1/embeddings answers as 'model'")
-    object: Literal["model"] = "model"
-    created: int = Field(description="unix time the bundle's manifest was written")
-    owned_by: str = "esp-retrieval"
-
-
-class ModelList(BaseModel):
-    object: Literal["list"] = "list"
-    data: list[ModelCard]
 
 
 def _card(state: ServingState) -> ModelCard:

@@ -1,5 +1,6 @@
 """esp_client/client.py: it sends through httpx's own transport (or the one, or the httpx client, it is
-given), and answers (typed results, ESPError, retries) are judged the same, sync and async."""
+given), and answers (typed results, ESPError) are judged the same, sync and async (retries:
+test_client_retries.py)."""
 
 from __future__ import annotations
 
@@ -83,14 +84,14 @@ def _overloaded(request: httpx.Request) -> httpx.Response:
 
 def test_errors_are_esp_errors_sync_and_async() -> None:
     with (
-        ESPClient("http://h:1", transport=httpx.MockTransport(_overloaded)) as c,
+        ESPClient("http://h:1", retries=0, transport=httpx.MockTransport(_overloaded)) as c,
         pytest.raises(ESPError) as err,
     ):
         c.search([1.0, 0.0])
     assert (err.value.status, err.value.type, err.value.retry_after) == (429, "overloaded", 2.0)
 
     async def go() -> ESPError:
-        async with AsyncESPClient("http://h:1", transport=httpx.MockTransport(_overloaded)) as ac:
+        async with AsyncESPClient("http://h:1", retries=0, transport=httpx.MockTransport(_overloaded)) as ac:
             try:
                 await ac.search([1.0, 0.0])
             except ESPError as e:
@@ -120,65 +121,3 @@ def test_search_body_reaches_the_transport_as_the_api_json() -> None:
         "experiment": "e",
         "unit_id": "u",
     }
-
-
-def _queue_full() -> httpx.Response:
-    return _overloaded(httpx.Request("POST", "http://h:1/v1/search"))
-
-
-def _busy_then_ok(busy: list[httpx.Response]):
-    """A transport handler answering the scripted busy responses first, then the search answer."""
-    sent: list[int] = []
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        sent.append(1)
-        return busy.pop(0) if busy else httpx.Response(200, json=SEARCH_ANSWER)
-
-    return handler, sent
-
-
-def test_retries_wait_retry_after_then_answer_sync(monkeypatch: pytest.MonkeyPatch) -> None:
-    slept: list[float] = []
-    monkeypatch.setattr("esp_client.client.time.sleep", slept.append)
-    not_ready = httpx.Response(503, json={"type": "not_ready", "message": "loading", "field": None})
-    handler, sent = _busy_then_ok([_queue_full(), not_ready])
-    with ESPClient("http://h:1", retries=2, max_retry_wait=1.5, transport=httpx.MockTransport(handler)) as c:
-        assert c.search([1.0, 0.0]).results[0].hits[0].id == "d1"
-    assert len(sent) == 3
-    assert slept == [1.5, 0.2]  # Retry-After 2 capped at 1.5; no header: 0.1 s doubled on attempt 2
-
-
-def test_retries_run_out_and_other_errors_are_not_retried(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("esp_client.client.time.sleep", lambda s: None)
-    handler, sent = _busy_then_ok([_queue_full(), _queue_full()])
-    with (
-        ESPClient("http://h:1", retries=1, transport=httpx.MockTransport(handler)) as c,
-        pytest.raises(ESPError) as err,
-    ):
-        c.search([1.0, 0.0])
-    assert err.value.status == 429 and len(sent) == 2
-    bad = httpx.Response(422, json={"type": "invalid", "message": "k out of range", "field": "k"})
-    handler, sent = _busy_then_ok([bad])
-    with (
-        ESPClient("http://h:1", retries=3, transport=httpx.MockTransport(handler)) as c,
-        pytest.raises(ESPError) as err,
-    ):
-        c.search([1.0, 0.0])
-    assert err.value.status == 422 and len(sent) == 1
-
-
-def test_retries_async(monkeypatch: pytest.MonkeyPatch) -> None:
-    slept: list[float] = []
-
-    async def fake_sleep(s: float) -> None:
-        slept.append(s)
-
-    monkeypatch.setattr("esp_client.client.asyncio.sleep", fake_sleep)
-    handler, sent = _busy_then_ok([_queue_full()])
-
-    async def go() -> str:
-        async with AsyncESPClient("http://h:1", retries=1, transport=httpx.MockTransport(handler)) as ac:
-            return (await ac.search([1.0, 0.0])).results[0].hits[0].id
-
-    assert asyncio.run(go()) == "d1"
-    assert slept == [2.0] and len(sent) == 2

@@ -13,8 +13,6 @@ import pytest
 from pydantic import BaseModel
 
 import esp_client.models as sdk
-import service.routes.documents as documents_route
-import service.routes.embeddings as embeddings_route
 import service.schemas as server
 
 PAIRS = [
@@ -23,15 +21,15 @@ PAIRS = [
     (server.Health, sdk.Health),
     (server.Readiness, sdk.Readiness),
     (server.ReloadResponse, sdk.ReloadResponse),
-    (embeddings_route.EmbeddingsResponse, sdk.EmbeddingsResponse),
-    (embeddings_route.ModelList, sdk.ModelList),
-    (embeddings_route.ModelCard, sdk.ModelCard),
+    (server.EmbeddingsResponse, sdk.EmbeddingsResponse),
+    (server.ModelList, sdk.ModelList),
+    (server.ModelCard, sdk.ModelCard),
     (server.ClusterResponse, sdk.ClusterResponse),
     (server.OperatingPointsOut, sdk.OperatingPoints),
     (server.ExperimentsOut, sdk.Experiments),
     (server.AssignmentOut, sdk.Assignment),
-    (documents_route.UpsertResponse, sdk.UpsertResponse),
-    (documents_route.DeleteResponse, sdk.DeleteResponse),
+    (server.UpsertResponse, sdk.UpsertResponse),
+    (server.DeleteResponse, sdk.DeleteResponse),
 ]
 
 Schema = dict[str, Any]

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -19,15 +18,9 @@ from service.config import Settings
 from subspace.bundle import write_bundle
 from subspace.layout import SubspaceLayout
 from subspace.scoring import normalize_blocks
+from tests.service.conftest import in_process, until
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
-
-
-@pytest.fixture
-def small_bundle(tmp_path: Path) -> Path:
-    rng = np.random.default_rng(0)
-    emb = normalize_blocks(rng.standard_normal((40, LAYOUT.dim)).astype(np.float32), LAYOUT)
-    return write_bundle(tmp_path / "b", LAYOUT, emb, [f"d{i}" for i in range(40)])
 
 
 class GatedEngine:
@@ -52,27 +45,21 @@ def test_full_queue_answers_429_with_retry_after_then_recovers(small_bundle: Pat
     app = create_app(settings)
     body = {"queries": [{"vector": [1.0] * 12}] * 2, "k": 3}
 
-    async def until(predicate: Any) -> None:
-        deadline = time.monotonic() + 60
-        while not predicate():
-            assert time.monotonic() < deadline
-            await asyncio.sleep(0.005)
+    gated: list[GatedEngine] = []
+
+    def gate(state: Any) -> GatedEngine:
+        gated.append(GatedEngine(state.engine))
+        return gated[0]
 
     async def scenario() -> list[httpx.Response]:
-        async with app.router.lifespan_context(app):
-            await until(lambda: app.state.holder.current is not None)
-            state = app.state.holder.current
-            gated = GatedEngine(state.engine)
-            app.state.holder.current = dataclasses.replace(state, engine=gated)
-            transport = httpx.ASGITransport(app=app)
-            async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
-                first = asyncio.create_task(c.post("/v1/search", json=body))
-                await until(lambda: bool(app.state.search.batcher._inflight))  # the worker holds it
-                second = asyncio.create_task(c.post("/v1/search", json=body))
-                await until(lambda: app.state.search.batcher.depth == 2)  # the queue is full
-                third = await c.post("/v1/search", json=body)
-                gated.gate.set()
-                return [await first, await second, third, await c.post("/v1/search", json=body)]
+        async with in_process(app, engine=gate) as c:
+            first = asyncio.create_task(c.post("/v1/search", json=body))
+            await until(lambda: bool(app.state.search.batcher._inflight))  # the worker holds it
+            second = asyncio.create_task(c.post("/v1/search", json=body))
+            await until(lambda: app.state.search.batcher.depth == 2)  # the queue is full
+            third = await c.post("/v1/search", json=body)
+            gated[0].gate.set()
+            return [await first, await second, third, await c.post("/v1/search", json=body)]
 
     first, second, third, after = asyncio.run(scenario())
     assert third.status_code == 429
