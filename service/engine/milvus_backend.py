@@ -21,6 +21,12 @@ Search, by the index the collection has:
   ``nprobe`` / ``ef`` / ``candidates`` is measured in ``bench/milvus.py``. On IVF_FLAT more
   candidates do not help (the probed lists are scanned exactly; only ``nprobe`` adds recall).
 
+What hits show (``documents``): the id and metadata fields each candidate of a search comes
+with, read with its vector, so the hits of a search are shown as that search read them. They
+are cached by row for look-ups, but every search refreshes the rows it reads: with several
+replicas over one collection, a document rewritten through one replica is shown with its new
+text and vector by every replica at its next search that finds it.
+
 Filters go to Milvus as expressions (:func:`subspace.filters.milvus_expression`). Writes
 (:meth:`MilvusBackend.upsert`, :meth:`MilvusBackend.delete`) and their id look-ups use
 consistency level ``Strong``; searches use ``consistency`` (default ``Strong``: a search sees
@@ -52,10 +58,9 @@ from subspace.engine.base import (
     Capabilities,
     EngineInputError,
     LiveDocument,
-    SearchResult,
 )
 from subspace.engine.refine import Batch, Candidates, Filter, RowTable, scan_bound, stack_rows
-from subspace.engine.sparse_terms import SparseQuery, SparseScan
+from subspace.engine.sparse_terms import SparseScan
 from subspace.filters import (
     CompiledFilter,
     FieldType,
@@ -567,6 +572,9 @@ class MilvusBackend(Backend):
             self._client.close()
             raise BackendUnavailable(f"milvus: {exc}") from exc
         self._fields = dict(self.metadata_schema.fields)
+        #: what a search reads of each candidate: id, row, metadata (the display fields among
+        #: them) and presence flags, and the vector the re-rank scores (last)
+        self._hit_fields = [ID, ROW, *self._fields, *(presence_field(f) for f in self._fields), VECTOR]
         # stored vectors: block-normalised float32; live writes are normalised the same way
         self._max_block_norm = np.maximum(self._max_block_norm, 1.0 + 1e-5)
 
@@ -585,7 +593,10 @@ class MilvusBackend(Backend):
 
     # --- search: the refine loop of Backend, its candidates from Milvus ----------------------------
     def _filter(self, allowed: Any) -> Filter:
-        """An expression Milvus evaluates; how many rows it allows is not known here."""
+        """An expression Milvus evaluates: a :class:`~subspace.filters.CompiledFilter`'s, or
+        ``esp_row in [...]`` for an ``(N,)`` row mask over the bundle's rows. How many rows it
+        allows is not known here, so a query with fewer matches than ``k`` gets its hits padded
+        with row ``-1`` (:meth:`Backend.search`)."""
         if allowed is None:
             return Filter(None, arg="")
         if isinstance(allowed, CompiledFilter):
@@ -614,7 +625,7 @@ class MilvusBackend(Backend):
                     anns_field=VECTOR,
                     limit=limit,
                     filter=expr,
-                    output_fields=[ROW, VECTOR],
+                    output_fields=self._hit_fields,
                     search_params=self.search_params(limit),
                     consistency_level=self.settings.consistency,
                     timeout=self.settings.timeout,
@@ -637,6 +648,7 @@ class MilvusBackend(Backend):
     def _fetch_candidates(self, scaled: np.ndarray, c: int, expr: str) -> Candidates:
         """Milvus' top ``c`` by its float32 scores, with the vectors the re-rank reads."""
         found = self._milvus_search(scaled, c, expr)
+        self._remember(h["entity"] for hits in found for h in hits)
         rows = [np.fromiter((h["entity"][ROW] for h in hits), np.int64, len(hits)) for hits in found]
         dist = [np.fromiter((h["distance"] for h in hits), np.float32, len(hits)) for hits in found]
         r, s = stack_rows(rows, dist)
@@ -655,37 +667,20 @@ class MilvusBackend(Backend):
         cand = self._fetch_candidates(batch.scan, c, flt.arg)
         return cand if self.exact else Candidates(cand.rows, source=cand.source)
 
-    def search(
-        self,
-        queries: np.ndarray,
-        block_weights: np.ndarray,
-        k: int,
-        allowed: Any = None,
-        sparse: Mapping[str, SparseQuery] | None = None,
-    ) -> SearchResult:
-        """Top ``k`` per query from Milvus, re-ranked in float64; exact on a FLAT collection.
-
-        ``allowed``: ``None``, a :class:`~subspace.filters.CompiledFilter` (sent as an
-        expression) or an ``(N,)`` row mask over the bundle's rows (sent as ``esp_row in [...]``).
-        Queries with fewer matching documents than ``k`` get fewer hits: rows padded with ``-1``.
-        """
-        result = super().search(queries, block_weights, k, allowed, sparse)  # sparse: refused
-        self._remember(result.rows)
-        return result
-
     def _exhaustive(self, expr: str) -> tuple[np.ndarray, np.ndarray]:
         """Every matching document's row and vector (when ties defeat ``MAX_TOPK`` candidates)."""
         it = self._client.query_iterator(
             self.settings.collection,
             batch_size=4096,
             filter=expr,
-            output_fields=[ROW, VECTOR],
+            output_fields=self._hit_fields,
             timeout=self.settings.timeout,
         )
         rows: list[int] = []
         vecs: list[list[float]] = []
         try:
             while batch := it.next():
+                self._remember(batch)
                 rows.extend(int(r[ROW]) for r in batch)
                 vecs.extend(r[VECTOR] for r in batch)
         finally:
@@ -693,11 +688,19 @@ class MilvusBackend(Backend):
         return np.asarray(rows, np.int64), np.asarray(vecs, np.float64).reshape(-1, self.dim)
 
     # --- what hits show -------------------------------------------------------------------------
-    def _remember(self, rows: np.ndarray) -> None:
-        """Fetch id and display fields of the hits not cached yet (one query per search)."""
-        wanted = {int(r) for r in rows.reshape(-1) if r >= 0} - self._docs.keys()
-        if wanted:
-            self._fetch(sorted(wanted))
+    def _remember(self, stored: Iterable[Mapping[str, Any]]) -> None:
+        """Cache the id and display fields of documents as a search or look-up just read them.
+
+        Every candidate a search reads comes with them (:attr:`_hit_fields`), so the hits of a
+        search are shown as that search read them, with their vectors: a document another
+        process (another replica) rewrote shows its new text at the first search that returns it.
+        """
+        with self._lock:
+            got = list(stored)
+            if len(self._docs) + len(got) > _DOC_CACHE_MAX:
+                self._docs.clear()
+            for r in got:
+                self._docs[int(r[ROW])] = (str(r[ID]), self._as_docs(r))
 
     def _query(self, expr: str, fields: Sequence[str], consistency: str = CONSISTENCY) -> list[Any]:
         """The ``fields`` of the documents matching ``expr`` (writes and their look-ups: Strong)."""
@@ -713,13 +716,7 @@ class MilvusBackend(Backend):
 
     def _fetch(self, rows: Sequence[int]) -> None:
         expr = f"{ROW} in [{', '.join(str(r) for r in rows)}]"
-        present = [presence_field(f) for f in self._fields]
-        got = self._query(expr, [ID, ROW, *self._fields, *present], self.settings.consistency)
-        with self._lock:
-            if len(self._docs) + len(got) > _DOC_CACHE_MAX:
-                self._docs.clear()
-            for r in got:
-                self._docs[int(r[ROW])] = (str(r[ID]), self._as_docs(r))
+        self._remember(self._query(expr, self._hit_fields[:-1], self.settings.consistency))
 
     def _as_docs(self, stored: Mapping[str, Any]) -> dict[str, Any]:
         """A document's metadata as ``docs.jsonl`` holds it: the fields it has (presence flags),
