@@ -7,8 +7,9 @@ row is written twice. A progress bar shows rows written. The collection gets one
 field (the concatenated, block-normalised vector), the document ids, and a typed column per
 metadata field of ``docs.jsonl`` (what ``POST /v1/search`` filters on). A collection that
 holds another corpus is refused unless ``--replace``. ``--uri`` is a Milvus Lite file
-(``*.db``) or a server (``http://host:19530``, with ``--token`` or ``ESP_MILVUS_TOKEN``); the
-other settings default to ``ESP_MILVUS_*``.
+(``*.db``) or a server (``http://host:19530``, with ``--token`` or ``ESP_MILVUS_TOKEN``; one
+Milvus Lite file served over TCP: ``esp milvus-lite``); the other settings default to
+``ESP_MILVUS_*``.
 
 Example:  esp milvus-load artifacts/demo/bundle --uri artifacts/esp.db --index IVF_FLAT --nlist 256
 """
