@@ -361,9 +361,11 @@ class LoadReport:
 def first_missing_row(client: Any, collection: str, n: int, timeout: float) -> int:
     """The first bundle row ``< n`` not in the collection (``n``: every one is there), by
     bisection over counts: rows ``< x`` are all present exactly when ``x`` of them are."""
-    lo, hi = 0, n  # rows < lo are all present; some row < hi is missing, or hi == n
-    if count_rows(client, collection, timeout, f"{ROW} < {n}") == n:
-        return n
+    lo, hi = 0, n  # rows < lo are all present; some row < hi is missing
+    # a new or a complete collection takes one count (on a server each waits for a time tick)
+    present = count_rows(client, collection, timeout, f"{ROW} < {n}")
+    if present in (0, n):
+        return present
     while hi - lo > 1:
         mid = (lo + hi) // 2
         if count_rows(client, collection, timeout, f"{ROW} < {mid}") == mid:
