@@ -165,7 +165,7 @@ def hybrid_search(client: Any, name: str, layout: SubspaceLayout, limit: int) ->
 def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from pymilvus import MilvusClient
 
-    from service.engine.milvus_backend import MilvusBackend, MilvusSettings, load_bundle
+    from service.engine.milvus_backend import MilvusBackend, MilvusSettings, batch_rows, load_bundle
     from subspace.engine.numpy_backend import NumpyBackend
     from subspace.filters import MetadataSchema
 
@@ -245,7 +245,7 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             try:
                 progress(f"n={n}: writing the 3-field collection")
                 t0 = time.perf_counter()
-                hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch)
+                hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch or batch_rows(layout.dim))
                 out["load_seconds_three_fields"] = round(time.perf_counter() - t0, 1)
                 for limit in args.hybrid_limits:
                     measure(
@@ -510,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["fresh", "corpus"],
         help="queries around directions of their own (default) or around the corpus's",
     )
-    p.add_argument("--batch", type=int, default=2000, help="rows per insert")
+    p.add_argument("--batch", type=int, default=None, help="rows per insert (default: 1 MiB of vectors)")
     p.add_argument(
         "--uri",
         default=None,
