@@ -186,3 +186,18 @@ def start_server(
         server.stop()
         raise
     return server
+
+
+def start_milvus_lite(db: Path, log_path: Path, *, ready_timeout: float = 120.0) -> LiveProcess:
+    """``esp milvus-lite db`` on a free loopback port (one Milvus Lite file that several processes
+    share); returns once it has printed its URI (``url``: the ``ESP_MILVUS_URI`` of its clients)."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "esp_cli", "milvus-lite", str(Path(db).absolute()), "--host", LOOPBACK,
+           "--port", str(port)]
+    started = spawn("esp-milvus-lite", cmd, log_path, f"http://{LOOPBACK}:{port}", env=child_env())
+    try:
+        started.wait_until(lambda: '"uri"' in started.log(), ready_timeout, "its URI printed")
+    except BaseException:
+        started.stop()
+        raise
+    return started

@@ -25,7 +25,17 @@ requirements.txt), in a virtual environment of its own, started with
 ``milvus-server --data DIR`` (listens on 19530; stop it with Ctrl+C). Its 2.3 server has no
 ``hybrid_search`` (2.4+): pass ``--skip hybrid`` there.
 
+``--load-baseline`` measures only the load rate, one JSON line: synthetic clustered rows of the
+demo bundle's width (384 + 1024 + 32 = 1,440) with a display text each, written into the same
+Milvus by the old way (per-row dicts, upserts of 2,000 rows, one at a time), by pymilvus' row
+inserts at 1 MiB requests (what the request size alone gives) and by ``esp milvus-load``'s
+``load_bundle`` (column-wise, vectors packed as bytes, two requests in flight); the first two
+on the first ``--baseline-rows`` rows (the old way writes ~100-200 rows/s into Milvus Lite), the
+last on those rows too (the ratio) and on all ``--sizes`` rows. ``--serve-lite`` runs the load
+against ``esp milvus-lite`` (Milvus Lite served over TCP) started in the work folder.
+
 Examples:  python bench/milvus.py --sizes 100000 --queries 20
+           python bench/milvus.py --load-baseline --serve-lite --sizes 200000
            python bench/milvus.py --uri http://127.0.0.1:19530 --skip hybrid --nlist 1024
                --nprobe 8 16 32 64 128 --ef 64 128 256 512 --candidates 10 100 250 500 (one line)
 """
@@ -155,7 +165,7 @@ def hybrid_search(client: Any, name: str, layout: SubspaceLayout, limit: int) ->
 def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from pymilvus import MilvusClient
 
-    from service.engine.milvus_backend import MilvusBackend, MilvusSettings, load_bundle
+    from service.engine.milvus_backend import MilvusBackend, MilvusSettings, batch_rows, load_bundle
     from subspace.engine.numpy_backend import NumpyBackend
     from subspace.filters import MetadataSchema
 
@@ -235,7 +245,7 @@ def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
             try:
                 progress(f"n={n}: writing the 3-field collection")
                 t0 = time.perf_counter()
-                hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch)
+                hybrid_collection(client, f"hybrid_{n}", corpus, layout, args.batch or batch_rows(layout.dim))
                 out["load_seconds_three_fields"] = round(time.perf_counter() - t0, 1)
                 for limit in args.hybrid_limits:
                     measure(
@@ -357,6 +367,121 @@ def _finish(out: dict[str, Any], methods: dict[str, dict[str, Any]]) -> dict[str
     return out
 
 
+DEMO_DIMS = (384, 1024, 32)  # the demo bundle's layout: semantic, lexical, intent (configs/demo.yaml)
+
+
+def _old_load(
+    client: Any,
+    name: str,
+    corpus: np.ndarray,
+    ids: list[str],
+    docs: list[dict[str, Any]],
+    *,
+    schema: Any,
+    insert: bool,
+    batch: int,
+) -> None:
+    """The load as it was (``insert=False``: upserts of per-row dicts, 2,000 rows each), or the
+    same rows inserted ``batch`` at a time: one request in flight."""
+    from service.engine.milvus_backend import entity
+
+    for s in range(0, len(ids), batch):
+        e = min(len(ids), s + batch)
+        rows = [entity(ids[i], i, corpus[i], docs[i], schema=schema, where=f"docs[{i}]") for i in range(s, e)]
+        (client.insert if insert else client.upsert)(name, rows, timeout=600)
+    client.flush(name, timeout=600)
+
+
+def _rate(rows: int, seconds: float, **extra: Any) -> dict[str, Any]:
+    return {"rows": rows, "seconds": round(seconds, 2), "rows_per_s": round(rows / seconds), **extra}
+
+
+def load_rates(n: int, args: argparse.Namespace, uri: str) -> dict[str, Any]:
+    """Rows per second of the three ways of loading, into the same Milvus (module docstring)."""
+    from service.engine.milvus_backend import (
+        MilvusSettings,
+        batch_rows,
+        connect,
+        create_collection,
+        load_bundle,
+    )
+    from subspace.filters import MetadataSchema
+
+    layout = SubspaceLayout.from_dims(dict(zip(("semantic", "lexical", "intent"), args.dims, strict=True)))
+    progress(f"load n={n}: data (D={layout.dim})")
+    corpus = clustered(n, layout, seed=1)
+    ids = [f"doc-{i}" for i in range(n)]
+    docs = [{"text": f"synthetic document {i}: " + "lorem ipsum dolor sit amet " * 4} for i in range(n)]
+    schema = MetadataSchema.infer(docs)
+    m = min(n, args.baseline_rows)
+    base = MilvusSettings(uri=uri, collection="esp_load", timeout=600, index_wait=args.index_wait)
+    methods: dict[str, dict[str, Any]] = {}
+    client = connect(base)
+    try:
+        try:
+            version = str(client.get_server_version())
+        except Exception:  # Milvus Lite does not implement it
+            version = "milvus-lite"
+        for tag, insert, rows_per_request in (
+            ("old_upserts_2000", False, 2000),
+            ("row_inserts_1mib", True, 0),
+        ):
+            size = rows_per_request or batch_rows(layout.dim)
+            name = f"esp_load_{tag}"
+            if client.has_collection(name):
+                client.drop_collection(name)
+            create_collection(
+                client, base.model_copy(update={"collection": name}), layout, schema, {"esp": 1}
+            )
+            progress(f"load n={n}: {tag} on {m} rows")
+            t0 = time.perf_counter()
+            _old_load(client, name, corpus[:m], ids[:m], docs[:m], schema=schema, insert=insert, batch=size)
+            methods[tag] = _rate(m, time.perf_counter() - t0, batch=size)
+            client.drop_collection(name)
+    finally:
+        client.close()
+    for tag, rows in (("esp_milvus_load", m), ("esp_milvus_load_all", n)):
+        settings = base.model_copy(update={"collection": f"esp_load_{tag}"})
+        progress(f"load n={n}: {tag} on {rows} rows")
+        report = load_bundle(
+            settings, layout, corpus[:rows], ids[:rows], docs[:rows], schema=schema, replace=True
+        )
+        methods[tag] = _rate(
+            rows,
+            report.seconds,
+            batch=report.batch,
+            write_seconds=round(report.write_seconds, 2),
+            index_seconds=round(report.index_seconds, 2),
+        )
+        with _client(uri) as c:
+            c.drop_collection(settings.collection)
+    for tag, m_ in methods.items():
+        progress(f"load n={n} {tag}: {m_['rows_per_s']} rows/s ({m_['rows']} rows)")
+    old = methods["old_upserts_2000"]["rows_per_s"]
+    return {
+        "bench": "milvus_load",
+        "n": n,
+        "baseline_rows": m,
+        "dim": layout.dim,
+        "server_version": version,
+        "methods": methods,
+        "ratio_vs_old": round(methods["esp_milvus_load"]["rows_per_s"] / old, 2),
+        "ratio_rows_1mib_vs_old": round(methods["row_inserts_1mib"]["rows_per_s"] / old, 2),
+    }
+
+
+@contextmanager
+def _milvus_uri(args: argparse.Namespace, workdir: Path) -> Iterator[str | None]:
+    """``--uri``, or with ``--serve-lite`` an ``esp milvus-lite`` of a file in ``workdir``."""
+    if not args.serve_lite:
+        yield args.uri
+        return
+    from bench.live_server import start_milvus_lite
+
+    with start_milvus_lite(workdir / "bench.db", workdir / "milvus-lite.log") as server:
+        yield server.url
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
@@ -365,7 +490,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--sizes", type=int, nargs="+", default=[100_000])
     p.add_argument(
-        "--dims", type=int, nargs=3, default=[256, 96, 32], help="subspace dims (default 256 96 32)"
+        "--dims",
+        type=int,
+        nargs=3,
+        default=None,
+        help="subspace dims (default 256 96 32; with --load-baseline the demo's 384 1024 32)",
+    )
+    p.add_argument("--load-baseline", action="store_true", help="measure the load rate only (old vs new)")
+    p.add_argument(
+        "--baseline-rows", type=int, default=20_000, help="--load-baseline: rows the older ways write"
+    )
+    p.add_argument(
+        "--serve-lite", action="store_true", help="run against esp milvus-lite started in the work folder"
     )
     p.add_argument("--queries", type=int, default=20, help="queries per weight vector")
     p.add_argument(
@@ -374,7 +510,7 @@ def main(argv: list[str] | None = None) -> int:
         choices=["fresh", "corpus"],
         help="queries around directions of their own (default) or around the corpus's",
     )
-    p.add_argument("--batch", type=int, default=2000, help="rows per insert")
+    p.add_argument("--batch", type=int, default=None, help="rows per insert (default: 1 MiB of vectors)")
     p.add_argument(
         "--uri",
         default=None,
@@ -416,9 +552,20 @@ def main(argv: list[str] | None = None) -> int:
         "--workdir", type=Path, default=None, help="where the Milvus Lite files go (default: a temp dir)"
     )
     args = p.parse_args(argv)
+    if args.dims is None:
+        args.dims = list(DEMO_DIMS) if args.load_baseline else [256, 96, 32]
     with tempfile.TemporaryDirectory(prefix="esp-milvus-bench-") as tmp:
         workdir = args.workdir or Path(tmp)
-        runs = [run_size(n, args, workdir) for n in args.sizes]
+        with _milvus_uri(args, workdir) as uri:
+            args.uri = uri
+            if args.load_baseline:
+                for n in args.sizes:
+                    out = load_rates(n, args, uri or str(workdir / f"load-{n}.db"))
+                    emit(
+                        {**out, "milvus": "esp milvus-lite" if args.serve_lite else uri or "Milvus Lite file"}
+                    )
+                return 0
+            runs = [run_size(n, args, workdir) for n in args.sizes]
     emit(
         {
             "bench": "milvus",

@@ -359,6 +359,17 @@ class QueryEncoder:
             out[idx] = torch.cat([blocks[n] for n in self.layout.names], -1).float().cpu().numpy()
         return out
 
+    def encode_documents(self, texts: Sequence[str], batch_size: int = 64) -> np.ndarray:
+        """Documents as the bundle's corpus was embedded: the document encoder.
+
+        Every format this build reads (versions 1-3) is symmetric: one trunk and one head per
+        block for queries and documents alike, no query or document prefix, and the corpus of a
+        bundle is embedded with this same network (``training.export``; ``esp index`` calls
+        this). So this is :meth:`encode`; whoever embeds documents calls this one, so that a
+        format with a document side of its own changes here and nowhere else.
+        """
+        return self.encode(texts, batch_size=batch_size)
+
     def count_tokens(self, texts: Sequence[str]) -> list[int]:
         """Tokens per text as :meth:`encode` sees them (special tokens included, truncated at
         ``max_length``): what an OpenAI-style ``usage`` reports."""

@@ -23,6 +23,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "export-st": ("esp_cli.export_st", "export a bundle's query encoder as a sentence-transformers folder"),
     "serve": ("esp_cli.serve", "serve a bundle over HTTP (search API, metrics, hot reload)"),
     "milvus-load": ("esp_cli.milvus_load", "write a bundle into a Milvus collection (resumable)"),
+    "milvus-lite": ("esp_cli.milvus_lite", "serve one Milvus Lite file over TCP (several replicas share it)"),
     "cluster": ("esp_cli.cluster", "cluster keywords on weighted subspace similarity (CSV out)"),
     "eval": ("esp_cli.eval", "run the ESP ablation benchmark, write reports/esp-bench.md + plots"),
 }

@@ -1,12 +1,15 @@
 """Write a bundle into a Milvus collection (the ``milvus`` backend serves it), resumably.
 
-Rows go in bundle order in batches; each batch is an upsert, so an interrupted run is simply
-run again: it counts the bundle rows already present and continues from the first batch not
-fully written. The collection gets one IP vector field (the concatenated, block-normalised
-vector), the document ids, and a typed column per metadata field of ``docs.jsonl`` (what
-``POST /v1/search`` filters on). A collection that holds another corpus is refused unless
-``--replace``. ``--uri`` is a Milvus Lite file (``*.db``) or a server (``http://host:19530``,
-with ``--token`` or ``ESP_MILVUS_TOKEN``); the other settings default to ``ESP_MILVUS_*``.
+Rows go in bundle order as column-wise inserts of about 1 MiB of vectors each, two in flight
+(``service.engine.milvus_backend.load_bundle``); an interrupted run is simply run again: it
+finds the first bundle row missing, deletes the rows written past it and continues there, so no
+row is written twice. A progress bar shows rows written. The collection gets one IP vector
+field (the concatenated, block-normalised vector), the document ids, and a typed column per
+metadata field of ``docs.jsonl`` (what ``POST /v1/search`` filters on). A collection that
+holds another corpus is refused unless ``--replace``. ``--uri`` is a Milvus Lite file
+(``*.db``) or a server (``http://host:19530``, with ``--token`` or ``ESP_MILVUS_TOKEN``; one
+Milvus Lite file served over TCP: ``esp milvus-lite``); the other settings default to
+``ESP_MILVUS_*``.
 
 Example:  esp milvus-load artifacts/demo/bundle --uri artifacts/esp.db --index IVF_FLAT --nlist 256
 """
@@ -29,7 +32,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--nlist", type=int, help="IVF_FLAT lists")
     parser.add_argument("--hnsw-m", type=int, help="HNSW degree")
     parser.add_argument("--ef-construction", type=int, help="HNSW build breadth")
-    parser.add_argument("--batch", type=int, default=2000, help="rows per upsert (default 2000)")
+    parser.add_argument(
+        "--batch",
+        type=int,
+        help="rows per insert request (default: 1 MiB of vectors, 182 rows at 1,440 dims)",
+    )
     parser.add_argument("--replace", action="store_true", help="drop a collection that holds another corpus")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
@@ -94,6 +101,10 @@ def run(args: argparse.Namespace) -> int:
                 "metadata_fields": schema.to_dict(),
                 "bundle_version": bundle.version,
                 "seconds": round(report.seconds, 2),
+                "write_seconds": round(report.write_seconds, 2),
+                "index_seconds": round(report.index_seconds, 2),
+                "rows_per_second": round((report.rows - report.skipped) / max(report.seconds, 1e-9)),
+                "batch": report.batch,
             },
             indent=2,
         )

@@ -527,7 +527,7 @@ class DocumentIn(BaseModel):
 
     id: DocId
     text: Annotated[str, Field(min_length=1, max_length=MAX_TEXT_CHARS)] | None = Field(
-        None, description="display text; encoded by the bundle's encoder when no vector is given"
+        None, description="display text; encoded by the bundle's document encoder when no vector is given"
     )
     vector: Vector | None = Field(None, description="the document embedding: D numbers or {subspace: block}")
     fields: dict[Annotated[str, Field(min_length=1, max_length=64)], FieldValue] = Field(

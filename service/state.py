@@ -138,6 +138,14 @@ class ServingState:
             raise RuntimeError(f"bundle {self.version} has no query encoder")
         return np.asarray(self.encoder.encode(list(texts)), dtype=np.float32)
 
+    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
+        """Document texts -> ``(n, D)`` float32 block-normalised vectors, through the bundle's
+        document encoder (:meth:`encoder.QueryEncoder.encode_documents`: the corpus's side,
+        today the same network as the queries'); what a live write of a text is stored as."""
+        if self.encoder is None:
+            raise RuntimeError(f"bundle {self.version} has no encoder")
+        return np.asarray(self.encoder.encode_documents(list(texts)), dtype=np.float32)
+
     def encoder_job(self, fn: Callable[..., T], *args: Any) -> Future[T]:
         """``fn(*args)`` (work that calls the encoder) queued on this bundle's one encoder thread,
         the state held until it has run, or until it is cancelled before it started. One thread,

@@ -61,7 +61,7 @@ def index_corpus(
                 texts = [d.text for d in batch]
                 lengths = enc.tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]
                 counts["truncated"] += sum(len(x) > enc.max_length for x in lengths)
-                vecs = enc.encode(texts, batch_size=min(64, batch_size)).astype(np.float32)
+                vecs = enc.encode_documents(texts, batch_size=min(64, batch_size)).astype(np.float32)
                 emb_fh.write(np.ascontiguousarray(vecs).tobytes())
                 for d in batch:
                     ids.append(d.id)

@@ -219,7 +219,8 @@ class EncodeShards:
         enc = self.enc
         texts = [str(t) for t in batch["text"][start:stop]]
         lengths = enc.tokenizer(texts, truncation=False, add_special_tokens=True)["input_ids"]
-        vecs = np.ascontiguousarray(enc.encode(texts, batch_size=self.encode_batch), dtype=np.float32)
+        vecs = enc.encode_documents(texts, batch_size=self.encode_batch)
+        vecs = np.ascontiguousarray(vecs, dtype=np.float32)
         row0 = int(batch["ordinal"][start])  # the piece's first document in its file's order
         stem = f"{batch['shard'][start]}.{row0:09d}"
         import io

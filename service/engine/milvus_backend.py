@@ -21,6 +21,12 @@ Search, by the index the collection has:
   ``nprobe`` / ``ef`` / ``candidates`` is measured in ``bench/milvus.py``. On IVF_FLAT more
   candidates do not help (the probed lists are scanned exactly; only ``nprobe`` adds recall).
 
+What hits show (``documents``): the id and metadata fields each candidate of a search comes
+with, read with its vector, so the hits of a search are shown as that search read them. They
+are cached by row for look-ups, but every search refreshes the rows it reads: with several
+replicas over one collection, a document rewritten through one replica is shown with its new
+text and vector by every replica at its next search that finds it.
+
 Filters go to Milvus as expressions (:func:`subspace.filters.milvus_expression`). Writes
 (:meth:`MilvusBackend.upsert`, :meth:`MilvusBackend.delete`) and their id look-ups use
 consistency level ``Strong``; searches use ``consistency`` (default ``Strong``: a search sees
@@ -52,10 +58,9 @@ from subspace.engine.base import (
     Capabilities,
     EngineInputError,
     LiveDocument,
-    SearchResult,
 )
 from subspace.engine.refine import Batch, Candidates, Filter, RowTable, scan_bound, stack_rows
-from subspace.engine.sparse_terms import SparseQuery, SparseScan
+from subspace.engine.sparse_terms import SparseScan
 from subspace.filters import (
     CompiledFilter,
     FieldType,
@@ -218,6 +223,20 @@ _ABSENT: dict[FieldType, Any] = {
 }
 
 
+def _stored(kind: FieldType, value: Any, where: str) -> tuple[Any, bool]:
+    """A metadata value as its column stores it, and whether it is present (a placeholder if not)."""
+    if value is None:
+        return _ABSENT.get(kind, 0), False
+    return coerce_value(kind, value, where), True
+
+
+def _check_id(doc_id: Any, where: str) -> None:
+    if not isinstance(doc_id, str) or not doc_id or len(doc_id.encode()) > MAX_ID_BYTES:
+        raise EngineInputError(
+            f"{where}.id must be a non-empty string of at most {MAX_ID_BYTES} bytes", f"{where}.id"
+        )
+
+
 def entity(
     doc_id: str,
     row: int,
@@ -228,17 +247,86 @@ def entity(
     where: str,
 ) -> dict[str, Any]:
     """One row of the collection. ``fields``: values as in docs.jsonl (checked against the schema)."""
-    if not isinstance(doc_id, str) or not doc_id or len(doc_id.encode()) > MAX_ID_BYTES:
-        raise EngineInputError(
-            f"{where}.id must be a non-empty string of at most {MAX_ID_BYTES} bytes", f"{where}.id"
-        )
+    _check_id(doc_id, where)
     out: dict[str, Any] = {ID: doc_id, ROW: int(row), VECTOR: np.asarray(vector, np.float32).tolist()}
     for name, kind in schema.fields.items():
-        value = fields.get(name)
-        present = value is not None
-        out[name] = coerce_value(kind, value, f"{where}.{name}") if present else _ABSENT.get(kind, 0)
-        out[presence_field(name)] = present
+        out[name], out[presence_field(name)] = _stored(kind, fields.get(name), f"{where}.{name}")
     return out
+
+
+#: bytes of vectors per insert request of a load. Milvus Lite's insert costs grow faster than the
+#: request (at 1,440 dimensions: ~4,000 rows/s at 250 rows a request, ~200 at 2,000), and a
+#: server takes 1 MiB requests at full speed: ``bench/milvus.py --load-baseline`` measures it
+REQUEST_BYTES = 1 << 20
+#: insert requests of a load in flight at once: the next one is packed while the server writes one
+IN_FLIGHT = 2
+
+_SCALAR_COLUMNS: dict[FieldType, tuple[str, str]] = {  # metadata type -> (Milvus type, proto array)
+    FieldType.STRING: ("VARCHAR", "string_data"),
+    FieldType.TEXT: ("VARCHAR", "string_data"),
+    FieldType.INT: ("INT64", "long_data"),
+    FieldType.FLOAT: ("DOUBLE", "double_data"),
+    FieldType.BOOL: ("BOOL", "bool_data"),
+    FieldType.DATE: ("INT64", "long_data"),
+}
+
+
+def batch_rows(dim: int) -> int:
+    """Rows per insert request of a load: :data:`REQUEST_BYTES` of float32 vectors."""
+    return max(1, REQUEST_BYTES // (4 * dim))
+
+
+def _packed_floats(vectors: np.ndarray) -> bytes:
+    """``vectors`` as the serialised ``FloatArray`` message of Milvus' proto: its one field
+    (``repeated float data = 1``, packed) is a tag, a varint length and little-endian float32s."""
+    raw = np.ascontiguousarray(vectors, dtype="<f4").tobytes()
+    n, length = len(raw), bytearray()
+    while True:
+        low, n = n & 0x7F, n >> 7
+        length.append(low | (0x80 if n else 0))
+        if not n:
+            return b"\x0a" + bytes(length) + raw
+
+
+def insert_request(
+    collection: str,
+    ids: Sequence[str],
+    first_row: int,
+    vectors: np.ndarray,
+    docs: Sequence[Mapping[str, Any]] | None,
+    *,
+    schema: MetadataSchema,
+) -> Any:
+    """One column-wise ``InsertRequest`` of bundle rows ``first_row ...``: what pymilvus would
+    build from per-row dicts, but the vectors go in as one block of bytes (pymilvus copies a row
+    dict's vector into the message float by float, about 80 us a row at 1,440 dimensions)."""
+    from pymilvus import DataType
+    from pymilvus.grpc_gen import milvus_pb2
+
+    m = len(ids)
+    req = milvus_pb2.InsertRequest(collection_name=collection, num_rows=m)
+
+    def column(name: str, dtype: str) -> Any:
+        return req.fields_data.add(type=int(getattr(DataType, dtype)), field_name=name)
+
+    for j, doc_id in enumerate(ids):
+        _check_id(doc_id, f"docs[{first_row + j}]")
+    column(ID, "VARCHAR").scalars.string_data.data.extend(ids)
+    column(ROW, "INT64").scalars.long_data.data.extend(range(first_row, first_row + m))
+    vec = column(VECTOR, "FLOAT_VECTOR").vectors
+    vec.dim = vectors.shape[1]
+    vec.float_vector.MergeFromString(_packed_floats(vectors))
+    for name, kind in schema.fields.items():
+        values, present = [], []
+        for j in range(m):
+            value = docs[first_row + j].get(name) if docs is not None else None
+            stored, has = _stored(kind, value, f"docs[{first_row + j}].{name}")
+            values.append(stored)
+            present.append(has)
+        dtype, array = _SCALAR_COLUMNS[kind]
+        getattr(column(name, dtype).scalars, array).data.extend(values)
+        column(presence_field(name), "BOOL").scalars.bool_data.data.extend(present)
+    return req
 
 
 def read_description(client: Any, collection: str, timeout: float) -> dict[str, Any]:
@@ -264,6 +352,34 @@ class LoadReport:
     skipped: int
     index: str
     seconds: float
+    #: of ``seconds``: sending the rows, then the flush and the index build
+    write_seconds: float = 0.0
+    index_seconds: float = 0.0
+    batch: int = 0
+
+
+def first_missing_row(client: Any, collection: str, n: int, timeout: float) -> int:
+    """The first bundle row ``< n`` not in the collection (``n``: every one is there), by
+    bisection over counts: rows ``< x`` are all present exactly when ``x`` of them are."""
+    lo, hi = 0, n  # rows < lo are all present; some row < hi is missing
+    # a new or a complete collection takes one count (on a server each waits for a time tick)
+    present = count_rows(client, collection, timeout, f"{ROW} < {n}")
+    if present in (0, n):
+        return present
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if count_rows(client, collection, timeout, f"{ROW} < {mid}") == mid:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def send_insert(client: Any, request: Any, timeout: float) -> Any:
+    """Send an :func:`insert_request` through pymilvus' column-wise insert (its ``insert_param``,
+    with its retries and status checks); a future whose ``result()`` raises what the insert did."""
+    conn = client._get_connection()  # the MilvusClient's handler: column inserts are not on its surface
+    return conn.batch_insert(request.collection_name, [], timeout=timeout, insert_param=request, _async=True)
 
 
 def load_bundle(
@@ -275,19 +391,27 @@ def load_bundle(
     *,
     schema: MetadataSchema,
     bundle_version: str = "",
-    batch: int = 2000,
+    batch: int | None = None,
     replace: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> LoadReport:
-    """Write a corpus into the collection, resumably: rows go in order, in batches (upserts, so a
-    batch written twice is written once); a rerun starts at the first batch not fully present.
-    A collection of another corpus is refused unless ``replace`` (then dropped and rewritten)."""
+    """Write a corpus into the collection, resumably.
+
+    Rows go in order, ``batch`` a request (default :func:`batch_rows`: 1 MiB of vectors),
+    :data:`IN_FLIGHT` requests at once, each a column-wise insert (:func:`insert_request`). A
+    rerun starts at the first bundle row missing (:func:`first_missing_row`) and first deletes
+    the bundle rows past it (requests complete out of order, so an interrupted load may have
+    written some), so no row is written twice. Documents written live (rows from
+    :data:`LIVE_ROW0`) are left alone. A collection of another corpus is refused unless
+    ``replace`` (then dropped and rewritten).
+    """
     import time
 
     t0 = time.perf_counter()
     client = connect(settings)
     name, timeout = settings.collection, settings.timeout
     n = embeddings.shape[0]
+    batch = batch or batch_rows(layout.dim)
     desc = {
         "esp": FORMAT,
         "layout": layout.to_dict(),
@@ -315,31 +439,40 @@ def load_bundle(
         if not client.has_collection(name, timeout=timeout):
             create_collection(client, settings, layout, schema, desc)
         client.load_collection(name, timeout=timeout)
-        done = count_rows(client, name, timeout, f"{ROW} < {n}")
-        start = n if done >= n else (done // batch) * batch
+        start = first_missing_row(client, name, n, timeout)
+        if start < n and count_rows(client, name, timeout, f"{ROW} >= {start} and {ROW} < {n}"):
+            client.delete(name, filter=f"{ROW} >= {start} and {ROW} < {n}", timeout=timeout)
         if progress is not None:
             progress(start, n)
-        for s in range(start, n, batch):
-            e = min(n, s + batch)
-            block = np.asarray(embeddings[s:e], dtype=np.float32)
-            rows = [
-                entity(
-                    ids[i],
-                    i,
-                    block[i - s],
-                    docs[i] if docs is not None else {},
-                    schema=schema,
-                    where=f"docs[{i}]",
-                )
-                for i in range(s, e)
-            ]
-            client.upsert(name, rows, timeout=timeout)
-            if progress is not None:
-                progress(e, n)
+        pending: list[tuple[int, Any]] = []
+        tw = time.perf_counter()
+        try:
+            for s in range(start, n, batch):
+                e = min(n, s + batch)
+                request = insert_request(name, ids[s:e], s, embeddings[s:e], docs, schema=schema)
+                pending.append((e, send_insert(client, request, timeout)))
+                if len(pending) >= IN_FLIGHT:
+                    done, future = pending.pop(0)
+                    future.result()
+                    if progress is not None:
+                        progress(done, n)
+            while pending:
+                done, future = pending.pop(0)
+                future.result()
+                if progress is not None:
+                    progress(done, n)
+        finally:
+            for _, future in pending:  # an interrupted load: what was sent lands before the close
+                try:
+                    future.result()
+                except Exception:  # its rows are missing, and the rerun writes them
+                    log.debug("milvus-load: an insert in flight failed", exc_info=True)
+        t1 = time.perf_counter()
         client.flush(name, timeout=timeout)
         wait_for_index(client, name, settings.index_wait)
         index = _index_type(client, name, timeout)
-        return LoadReport(name, n, start, index, time.perf_counter() - t0)
+        t2 = time.perf_counter()
+        return LoadReport(name, n, start, index, t2 - t0, t1 - tw, t2 - t1, batch)
     finally:
         client.close()
 
@@ -441,6 +574,9 @@ class MilvusBackend(Backend):
             self._client.close()
             raise BackendUnavailable(f"milvus: {exc}") from exc
         self._fields = dict(self.metadata_schema.fields)
+        #: what a search reads of each candidate: id, row, metadata (the display fields among
+        #: them) and presence flags, and the vector the re-rank scores (last)
+        self._hit_fields = [ID, ROW, *self._fields, *(presence_field(f) for f in self._fields), VECTOR]
         # stored vectors: block-normalised float32; live writes are normalised the same way
         self._max_block_norm = np.maximum(self._max_block_norm, 1.0 + 1e-5)
 
@@ -459,7 +595,10 @@ class MilvusBackend(Backend):
 
     # --- search: the refine loop of Backend, its candidates from Milvus ----------------------------
     def _filter(self, allowed: Any) -> Filter:
-        """An expression Milvus evaluates; how many rows it allows is not known here."""
+        """An expression Milvus evaluates: a :class:`~subspace.filters.CompiledFilter`'s, or
+        ``esp_row in [...]`` for an ``(N,)`` row mask over the bundle's rows. How many rows it
+        allows is not known here, so a query with fewer matches than ``k`` gets its hits padded
+        with row ``-1`` (:meth:`Backend.search`)."""
         if allowed is None:
             return Filter(None, arg="")
         if isinstance(allowed, CompiledFilter):
@@ -488,7 +627,7 @@ class MilvusBackend(Backend):
                     anns_field=VECTOR,
                     limit=limit,
                     filter=expr,
-                    output_fields=[ROW, VECTOR],
+                    output_fields=self._hit_fields,
                     search_params=self.search_params(limit),
                     consistency_level=self.settings.consistency,
                     timeout=self.settings.timeout,
@@ -511,6 +650,7 @@ class MilvusBackend(Backend):
     def _fetch_candidates(self, scaled: np.ndarray, c: int, expr: str) -> Candidates:
         """Milvus' top ``c`` by its float32 scores, with the vectors the re-rank reads."""
         found = self._milvus_search(scaled, c, expr)
+        self._remember(h["entity"] for hits in found for h in hits)
         rows = [np.fromiter((h["entity"][ROW] for h in hits), np.int64, len(hits)) for hits in found]
         dist = [np.fromiter((h["distance"] for h in hits), np.float32, len(hits)) for hits in found]
         r, s = stack_rows(rows, dist)
@@ -529,37 +669,20 @@ class MilvusBackend(Backend):
         cand = self._fetch_candidates(batch.scan, c, flt.arg)
         return cand if self.exact else Candidates(cand.rows, source=cand.source)
 
-    def search(
-        self,
-        queries: np.ndarray,
-        block_weights: np.ndarray,
-        k: int,
-        allowed: Any = None,
-        sparse: Mapping[str, SparseQuery] | None = None,
-    ) -> SearchResult:
-        """Top ``k`` per query from Milvus, re-ranked in float64; exact on a FLAT collection.
-
-        ``allowed``: ``None``, a :class:`~subspace.filters.CompiledFilter` (sent as an
-        expression) or an ``(N,)`` row mask over the bundle's rows (sent as ``esp_row in [...]``).
-        Queries with fewer matching documents than ``k`` get fewer hits: rows padded with ``-1``.
-        """
-        result = super().search(queries, block_weights, k, allowed, sparse)  # sparse: refused
-        self._remember(result.rows)
-        return result
-
     def _exhaustive(self, expr: str) -> tuple[np.ndarray, np.ndarray]:
         """Every matching document's row and vector (when ties defeat ``MAX_TOPK`` candidates)."""
         it = self._client.query_iterator(
             self.settings.collection,
             batch_size=4096,
             filter=expr,
-            output_fields=[ROW, VECTOR],
+            output_fields=self._hit_fields,
             timeout=self.settings.timeout,
         )
         rows: list[int] = []
         vecs: list[list[float]] = []
         try:
             while batch := it.next():
+                self._remember(batch)
                 rows.extend(int(r[ROW]) for r in batch)
                 vecs.extend(r[VECTOR] for r in batch)
         finally:
@@ -567,11 +690,19 @@ class MilvusBackend(Backend):
         return np.asarray(rows, np.int64), np.asarray(vecs, np.float64).reshape(-1, self.dim)
 
     # --- what hits show -------------------------------------------------------------------------
-    def _remember(self, rows: np.ndarray) -> None:
-        """Fetch id and display fields of the hits not cached yet (one query per search)."""
-        wanted = {int(r) for r in rows.reshape(-1) if r >= 0} - self._docs.keys()
-        if wanted:
-            self._fetch(sorted(wanted))
+    def _remember(self, stored: Iterable[Mapping[str, Any]]) -> None:
+        """Cache the id and display fields of documents as a search or look-up just read them.
+
+        Every candidate a search reads comes with them (:attr:`_hit_fields`), so the hits of a
+        search are shown as that search read them, with their vectors: a document another
+        process (another replica) rewrote shows its new text at the first search that returns it.
+        """
+        with self._lock:
+            got = list(stored)
+            if len(self._docs) + len(got) > _DOC_CACHE_MAX:
+                self._docs.clear()
+            for r in got:
+                self._docs[int(r[ROW])] = (str(r[ID]), self._as_docs(r))
 
     def _query(self, expr: str, fields: Sequence[str], consistency: str = CONSISTENCY) -> list[Any]:
         """The ``fields`` of the documents matching ``expr`` (writes and their look-ups: Strong)."""
@@ -587,13 +718,7 @@ class MilvusBackend(Backend):
 
     def _fetch(self, rows: Sequence[int]) -> None:
         expr = f"{ROW} in [{', '.join(str(r) for r in rows)}]"
-        present = [presence_field(f) for f in self._fields]
-        got = self._query(expr, [ID, ROW, *self._fields, *present], self.settings.consistency)
-        with self._lock:
-            if len(self._docs) + len(got) > _DOC_CACHE_MAX:
-                self._docs.clear()
-            for r in got:
-                self._docs[int(r[ROW])] = (str(r[ID]), self._as_docs(r))
+        self._remember(self._query(expr, self._hit_fields[:-1], self.settings.consistency))
 
     def _as_docs(self, stored: Mapping[str, Any]) -> dict[str, Any]:
         """A document's metadata as ``docs.jsonl`` holds it: the fields it has (presence flags),

@@ -5,9 +5,10 @@ writes; they are visible to every search that starts after the call returns (Mil
 consistency level ``Strong`` on writes and searches). The in-process backends serve a bundle's
 immutable index and answer 409 (:class:`~service.errors.ReadOnlyIndexError`): rebuild the
 bundle and reload it. A document is an ``id``, a ``vector`` (full or per subspace, normalised
-per block like a query) or a ``text`` (encoded by the bundle's encoder), and metadata
-``fields`` among those the collection declares (``text`` is also stored when declared). The
-token is checked from the headers before the body is read or parsed
+per block like a query) or a ``text`` (encoded by the bundle's document encoder, as the corpus
+was: ``ServingState.encode_documents``), and metadata ``fields`` among those the collection
+declares (``text`` is also stored when declared). The token is checked from the headers before
+the body is read or parsed
 (:class:`~service.routes.admin.AdminRoute`, as on the admin routes): without it, 401 or 403,
 never a judgement of the body.
 """
@@ -63,7 +64,7 @@ def _vectors(body: UpsertRequest, state: ServingState) -> np.ndarray:
                 f"bundle {state.version} has no encoder: send a vector for each document",
                 f"documents[{texts[0]}].vector",
             )
-        out[texts] = state.encode([body.documents[i].text for i in texts])  # type: ignore[misc]
+        out[texts] = state.encode_documents([body.documents[i].text for i in texts])  # type: ignore[misc]
     return out
 
 

@@ -52,3 +52,20 @@ def test_milvus_bench_prints_one_json_line(tmp_path: Path, capsys: pytest.Captur
     hnsw = [k for k in methods if k.startswith("milvus_hnsw")]  # Milvus Lite 2.5 builds no HNSW
     assert hnsw and all("skipped" in methods[k] or methods[k]["recall_min"] <= 1.0 for k in hnsw)
     assert methods["milvus_flat"]["ms_ratio_vs_numpy"] > 0
+
+
+def test_the_load_rate_mode_prints_one_json_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--load-baseline", "--sizes", "600", "--baseline-rows", "300", "--dims", "8", "4", "4"]
+    assert milvus.main([*argv, "--workdir", str(tmp_path)]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1
+    out = json.loads(lines[0])
+    assert out["bench"] == "milvus_load" and out["n"] == 600 and out["dim"] == 16
+    methods = out["methods"]
+    assert {m: methods[m]["rows"] for m in methods} == {
+        "old_upserts_2000": 300,
+        "row_inserts_1mib": 300,
+        "esp_milvus_load": 300,
+        "esp_milvus_load_all": 600,
+    }
+    assert out["ratio_vs_old"] > 0 and methods["esp_milvus_load"]["batch"] == (1 << 20) // (4 * 16)

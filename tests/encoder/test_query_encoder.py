@@ -24,6 +24,8 @@ def test_encodes_as_the_bundle_was_embedded(tiny_bundle: Path, tiny_corpus) -> N
     vecs = enc.encode(tiny_corpus[1][:10], batch_size=3)
     assert vecs.dtype == np.float32 and vecs.shape == (10, b.layout.dim)
     np.testing.assert_allclose(vecs, np.asarray(b.embeddings[:10]), atol=1e-5)
+    # the corpus is embedded by the document side, the same network in this format
+    np.testing.assert_array_equal(enc.encode_documents(tiny_corpus[1][:10], batch_size=3), vecs)
     for name in b.layout.names:
         np.testing.assert_allclose(np.linalg.norm(vecs[:, b.layout.slice(name)], axis=1), 1.0, atol=1e-5)
     probs = enc.intent_probs(["how to bake bread", "facebook login"])

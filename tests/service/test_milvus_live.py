@@ -18,7 +18,7 @@ import httpx
 import numpy as np
 import pytest
 
-from bench.live_server import LiveServer, child_env, start_server
+from bench.live_server import LiveServer, child_env, start_milvus_lite, start_server
 from subspace.bundle import read_bundle, write_bundle
 from subspace.scoring import normalize_blocks, reference_scores
 from tests.live_fixtures import SERVER_DEFAULTS
@@ -63,14 +63,14 @@ def milvus_bundle(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -
     )
 
 
-def _load(bundle: Path, uri: Path) -> dict[str, Any]:
+def _load(bundle: Path, uri: Path | str) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "esp_cli", "milvus-load", str(bundle), "--uri", str(uri), "--no-progress"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)
 
 
-def _serve(bundle: Path, log_dir: Path, token: str, db: Path) -> LiveServer:
+def _serve(bundle: Path, log_dir: Path, token: str, db: Path | str) -> LiveServer:
     """A milvus-backed server; readiness may take long on a loaded machine (torch import, encoder)."""
     settings = {**SERVER_DEFAULTS, "backend": "milvus", "milvus_uri": db, "milvus_collection": "esp"}
     log_dir.mkdir(parents=True, exist_ok=True)
@@ -200,6 +200,55 @@ def test_milvus_server_filters_writes_and_persists(
         assert [h["id"] for h in hits["results"][0]["hits"]] == ["live-2"]
         top = _search(again, {"queries": [{"vector": q.tolist()}], "k": 3, "weights": weights}).json()
         assert "live-1" not in [h["id"] for h in top["results"][0]["hits"]]
+
+
+@pytest.mark.live  # esp milvus-lite and two esp serve replicas over it, started here
+@pytest.mark.slow
+def test_two_replicas_over_one_milvus_serve_each_others_writes(
+    milvus_bundle: Path, tmp_path: Path, admin_token: str
+) -> None:
+    b = read_bundle(milvus_bundle)
+    layout, target = b.layout, b.ids[3]
+    w = np.linspace(1.0, 0.25, len(layout))
+    weights = dict(zip(layout.names, w.tolist(), strict=True))
+    auth = {"Authorization": f"Bearer {admin_token}"}
+    rng = np.random.default_rng(11)
+    q = normalize_blocks(rng.standard_normal((2, layout.dim)).astype(np.float32), layout)
+
+    def top(server: LiveServer, vector: np.ndarray) -> dict[str, Any]:
+        r = _search(server, {"queries": [{"vector": vector.tolist()}], "k": 1, "weights": weights})
+        assert r.status_code == 200, r.text
+        return dict(r.json()["results"][0]["hits"][0])
+
+    def write(server: LiveServer, doc: dict[str, Any]) -> None:
+        r = httpx.post(f"{server.url}/v1/documents", json={"documents": [doc]}, headers=auth, timeout=60)
+        assert r.status_code == 200, r.text
+
+    with start_milvus_lite(tmp_path / "shared.db", tmp_path / "lite.log") as milvus:
+        assert _load(milvus_bundle, milvus.url)["rows"] == len(b.ids)
+        with (
+            _serve(milvus_bundle, tmp_path / "a", admin_token, milvus.url) as a,
+            _serve(milvus_bundle, tmp_path / "b", admin_token, milvus.url) as b_server,
+        ):
+            before = top(b_server, np.asarray(b.embeddings[3], np.float32))
+            assert (before["id"], before["text"]) == (target, "document number 3")  # B has shown it
+            # A rewrites it (new text, new vector): B serves the new id, text and vector
+            write(
+                a, {"id": target, "vector": q[0].tolist(), "text": "rewritten on A", "fields": {"year": 1990}}
+            )
+            hit = top(b_server, q[0])
+            assert (hit["id"], hit["text"]) == (target, "rewritten on A")
+            assert hit["score"] == pytest.approx(
+                float(w.sum()), abs=1e-5
+            )  # cosine 1 per block: the new vector
+            assert top(b_server, np.asarray(b.embeddings[3], np.float32))["id"] != target
+            # a new document on B is served by A; deleted on A, it is gone from B
+            write(b_server, {"id": "from-b", "vector": q[1].tolist(), "text": "written on B"})
+            hit = top(a, q[1])
+            assert (hit["id"], hit["text"]) == ("from-b", "written on B")
+            assert hit["score"] == pytest.approx(float(w.sum()), abs=1e-5)
+            assert httpx.delete(f"{a.url}/v1/documents/from-b", headers=auth, timeout=60).status_code == 200
+            assert top(b_server, q[1])["id"] != "from-b"
 
 
 def test_writes_to_an_in_process_backend_are_409(served: LiveServer, admin_token: str) -> None:

@@ -228,6 +228,30 @@ def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
     assert row not in top and top[0] == 7
 
 
+def test_a_write_through_one_engine_is_shown_by_another_on_the_same_collection(milvus: Loaded) -> None:
+    """Two engines on one collection (two replicas): the one that did not write shows the new
+    fields and vector of a document it had already shown (its cache is refreshed by its reads)."""
+    from service.engine import LiveDocument
+
+    layout = layout_of("three")
+    corpus = random_rows(300, layout, seed=71)
+    docs = _docs(300, seed=72)
+    writer = milvus.engine("replicas", corpus, layout, docs)
+    reader = MilvusBackend(corpus, layout, settings=writer.settings)
+    milvus.made.append(reader)
+    w = layout.default_weights()
+    q = corpus[5:6]
+    assert reader.search(q, w, 1).rows[0, 0] == 5
+    assert reader.documents([5]) == [("doc-5", writer.documents([5])[0][1])]  # cached by the reader now
+    moved = random_rows(1, layout, seed=73)
+    [row] = writer.upsert([LiveDocument("doc-5", moved[0], {"lang": "zz", "year": 1900})])
+    assert row == 5
+    res = reader.search(moved, w, 1)  # the new vector is what the reader finds ...
+    assert res.rows[0, 0] == 5 and res.scores[0, 0] == pytest.approx(float(w.sum()), abs=1e-5)
+    assert reader.documents([5]) == [("doc-5", {"lang": "zz", "year": 1900})]  # ... with the new fields
+    assert reader.search(q, w, 1).rows[0, 0] != 5  # and no longer at the old vector
+
+
 def test_session_consistency_searches_see_this_process_writes(milvus: Loaded) -> None:
     from pydantic import ValidationError
 

@@ -131,3 +131,29 @@ def test_a_backend_that_declares_writes_takes_them(client: TestClient) -> None:
     assert r.json()["backend"] == "writes"
     [written] = Writes.written
     assert written.id == "x" and written.fields == {"lang": "de"} and written.vector.shape == (LAYOUT.dim,)
+
+
+class Asymmetric:
+    """An encoder whose documents and queries are embedded differently (a document side of its
+    own): each side gives its own constant vector."""
+
+    layout = LAYOUT
+    query = normalize_blocks(np.ones((1, LAYOUT.dim), np.float32), LAYOUT)[0]
+    document = normalize_blocks(np.arange(1, LAYOUT.dim + 1, dtype=np.float32)[None, :], LAYOUT)[0]
+
+    def encode(self, texts: Sequence[str]) -> np.ndarray:
+        return np.tile(self.query, (len(texts), 1))
+
+    def encode_documents(self, texts: Sequence[str]) -> np.ndarray:
+        return np.tile(self.document, (len(texts), 1))
+
+
+def test_a_written_text_goes_through_the_document_encoder(client: TestClient) -> None:
+    _serve(client, Writes)
+    holder = client.app.state.holder  # type: ignore[attr-defined]
+    holder.current = dataclasses.replace(holder.current, encoder=Asymmetric())
+    Writes.written.clear()
+    r = client.post("/v1/documents", json={"documents": [{"id": "t", "text": "a document"}]}, headers=ADMIN)
+    assert r.status_code == 200, r.text
+    [written] = Writes.written
+    np.testing.assert_array_equal(written.vector, Asymmetric.document)  # not the query side
