@@ -79,7 +79,9 @@ def test_two_ranks_equal_one_process_on_the_same_global_batches(
     for got, want in zip(records, ref_records, strict=True):
         assert [p["projected"] for p in got["pairs"]] == [p["projected"] for p in want["pairs"]]
         for name, v in want["tasks"].items():
-            assert got["tasks"][name]["lambda"] == pytest.approx(v["lambda"], abs=1e-6)
+            # the records round lambda to 6 decimals: two values a float error apart can round to
+            # neighbours (1.0759805 -> 1.075981 and 1.07598), so one unit of the last place is allowed
+            assert got["tasks"][name]["lambda"] == pytest.approx(v["lambda"], abs=1.5e-6)
             assert got["tasks"][name]["loss"] == pytest.approx(v["loss"], abs=1e-5)
     # the check has teeth: PCGrad projected, DWA moved the weights, and a lone rank-0 run differs
     assert any(p["projected"] for r in records for p in r["pairs"])
