@@ -13,6 +13,7 @@ The server is the shared ``served`` one (tiny bundle, registry with experiment `
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -110,7 +111,8 @@ def layout(ui_server: LiveServer) -> dict[str, Any]:
 
 
 def names_of(layout: dict[str, Any]) -> list[str]:
-    return [s["name"] for s in layout["subspaces"]]
+    """Every weight's name, as the page shows its sliders: the subspaces, then the sparse blocks."""
+    return [s["name"] for s in layout["subspaces"]] + [s["name"] for s in layout.get("sparse") or []]
 
 
 def start_weights(server: LiveServer, layout: dict[str, Any]) -> dict[str, float]:
@@ -217,12 +219,17 @@ def test_a_bad_vector_shows_the_422_message_beside_the_query(
     assert page.locator("#query").get_attribute("aria-invalid") == "true"
     assert "Sent as a vector (3 numbers" in page.locator("#query-kind").inner_text()
 
-    # A vector of the right length is accepted, and the error goes.
+    # A vector of the right length is accepted, and the error goes. A vector has no text for a
+    # sparse block to score (a weight on one is a 422 naming it): those sliders go to 0 first.
+    sparse_off = {s["name"]: 0.0 for s in layout.get("sparse") or []}
+    for name in sparse_off:
+        page.locator(f"#A-{name}-number").fill("0")
     good = [1.0] * layout["dim"]
     page.get_by_label("Query: text").fill(str(good))
     page.wait_for_function("() => document.getElementById('results-A').dataset.state === 'ready'")
     assert page.locator("[data-field=queries] > .error").is_hidden()
-    r = api(ui_server, "/v1/search", {"queries": [{"vector": good}], "k": K, "weights": start_weights(ui_server, layout)})
+    weights = {**start_weights(ui_server, layout), **sparse_off}
+    r = api(ui_server, "/v1/search", {"queries": [{"vector": good}], "k": K, "weights": weights})
     ids = page.locator("#results-A li.hit").evaluate_all("els => els.map(e => e.dataset.id)")
     assert ids == [h["id"] for h in r.json()["results"][0]["hits"]]
 
@@ -282,7 +289,7 @@ def test_compare_mode_marks_rank_changes_and_prints_a_valid_registry_snippet(
     snippet = page.locator("#B-yaml").inner_text()
     doc = yaml.safe_load(snippet)
     assert doc["operating_points"]["entity_try"]["weights"] == pytest.approx(b_weights)
-    served_layout = read_bundle(ui_server.bundle).layout
+    served_layout = read_bundle(ui_server.bundle).weight_layout  # the blocks and the sparse blocks
     registry = Registry.parse({"version": 1, **doc}, served_layout)
     assert dict(registry.operating_points["entity_try"].weights) == pytest.approx(b_weights)
     assert list(doc["operating_points"]["entity_try"]["weights"]) == names
@@ -292,7 +299,18 @@ def test_compare_mode_marks_rank_changes_and_prints_a_valid_registry_snippet(
         page.locator("#B .save").click()  # fold the snippet away again: the page as a user sees it
         page.set_viewport_size({"width": 1360, "height": 1500})  # sliders and the first hits of both
         page.evaluate("window.scrollTo(0, 0)")
-        atomic_write_bytes(Path(screenshot), page.screenshot(full_page=False))
+        png = page.screenshot(full_page=False)
+        atomic_write_bytes(Path(screenshot), png)
+        # what the picture shows, beside it: tests/service/routes/test_ui.py keeps it the demo's
+        shown = read_bundle(ui_server.bundle)
+        sidecar = {
+            "png_sha256": hashlib.sha256(png).hexdigest(),
+            "bundle_version": shown.version,
+            "documents": len(shown.ids),
+            "layout": [list(pair) for pair in zip(shown.layout.names, shown.layout.dims, strict=True)],
+            "sparse": sorted(shown.sparse),
+        }
+        atomic_write_bytes(Path(screenshot).with_suffix(".json"), (json.dumps(sidecar, indent=2) + "\n").encode())
     assert_only_the_service(visit, ui_server)
 
 
