@@ -62,20 +62,23 @@ class AdaptiveLimit:
     be on time):
 
     - some answer was late (``m > objective``): the limit shrinks to that, and by at least
-      :data:`LIMIT_BACKOFF` (never below 1);
+      :data:`LIMIT_BACKOFF`, never below ``floor``;
     - none was, and the limit refused a search in the window: it grows to that, at most doubling
       and up to ``ceiling``; the fractional part carries over, so a limit with too little headroom
       for one more stays where it is.
 
     So it settles where the server still answers within the objective, and moves when the
-    engine's speed or the load changes (a reload, a neighbour on the core). Deterministic given
-    the calls: time is passed in.
+    engine's speed or the load changes (a reload, a neighbour on the core). The service's floor
+    is one micro-batch (``ESP_MAX_BATCH``): the searches one engine call serves together cost
+    about what one costs, so a burst that size at an idle server is never refused, and one slow
+    search cannot shut the door on the rest. Deterministic given the calls: time is passed in.
     """
 
-    def __init__(self, objective: float, initial: int, ceiling: int) -> None:
+    def __init__(self, objective: float, initial: int, ceiling: int, floor: int = 1) -> None:
         self.objective = objective
         self.ceiling = max(1, ceiling)
-        self._limit = float(min(max(1, initial), self.ceiling))
+        self.floor = min(max(1, floor), self.ceiling)
+        self._limit = float(min(max(self.floor, initial), self.ceiling))
         self._window_start: float | None = None
         self._slowest = 0.0
         self._refused = False
@@ -98,7 +101,7 @@ class AdaptiveLimit:
         in_force = self.limit
         fits = in_force * self.objective / max(self._slowest, 1e-9)  # on time at this many, roughly
         if self._slowest > self.objective:
-            self._limit = max(1.0, min(self._limit * LIMIT_BACKOFF, fits))
+            self._limit = max(float(self.floor), min(self._limit * LIMIT_BACKOFF, fits))
         elif self._refused:
             self._limit = min(float(self.ceiling), max(self._limit, min(2.0 * in_force, fits)))
         self._window_start, self._slowest, self._refused = now, 0.0, False
@@ -225,7 +228,9 @@ class AdmissionMiddleware:
         if budget is None:
             return None, ""
         if self.adaptive is None:
-            self.adaptive = AdaptiveLimit(budget, initial=batcher.max_batch, ceiling=batcher.queue_size)
+            self.adaptive = AdaptiveLimit(
+                budget, initial=batcher.max_batch, ceiling=batcher.queue_size, floor=batcher.max_batch
+            )
         return self.adaptive.limit, (
             f"the most the server answers within the latency budget of {budget * 1000:.0f} ms now "
             "(adapted to the latency measured; setting ESP_LATENCY_BUDGET_MS)"

@@ -341,6 +341,19 @@ def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it
     assert limit.limit == 1  # never below one
 
 
+def test_the_adaptive_limit_never_falls_below_its_floor() -> None:
+    from service.search.admission import LIMIT_WINDOW, AdaptiveLimit
+
+    limit = AdaptiveLimit(objective=0.02, initial=64, ceiling=1024, floor=64)
+    t = 100.0
+    for _ in range(20):  # every answer 50x late: without the floor the limit would reach 1
+        limit.answered(1.0, t)
+        t += LIMIT_WINDOW * 1.01
+        limit.answered(1.0, t)
+    assert limit.limit == 64
+    assert AdaptiveLimit(objective=0.02, initial=8, ceiling=16, floor=64).limit == 16  # the ceiling wins
+
+
 def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
     from service.http_limits import RECEIVED
     from service.search.admission import AdmissionMiddleware
@@ -489,6 +502,47 @@ def test_past_the_inflight_limit_a_search_whose_body_arrived_gets_429_counted_by
     assert metrics.admission_limit._value.get() == 1
 
 
+def test_a_burst_of_one_micro_batch_is_admitted_after_late_answers_shrank_the_limit() -> None:
+    """The issue's burst: 64 small searches at once, after a window of late answers (which, without
+    the floor of one micro-batch, cut the adaptive limit to 16 and refused 48 of them)."""
+    from service.search.admission import LIMIT_WINDOW, AdmissionMiddleware
+    from service.search.wait import ARRIVAL
+
+    release = asyncio.Event()
+    late = True
+
+    async def app(scope: Any, receive: Any, send: Any) -> None:
+        if late:
+            scope[ARRIVAL].at -= 1.0  # answered a second after it arrived: 4x the 250 ms objective
+        else:
+            await release.wait()  # the burst: in flight together
+
+    async def run() -> list[dict[str, Any]]:
+        nonlocal late
+        middleware = AdmissionMiddleware(app, _pipeline(FakeBatcher(idle=True)))
+        scope = {"type": "http", "method": "POST", "path": "/v1/search", "headers": []}
+        for _ in range(2):  # the second late answer, a window later, closes the window
+            await middleware(dict(scope), _body, None)  # type: ignore[arg-type]
+            await asyncio.sleep(LIMIT_WINDOW * 1.1)
+        late = False
+        sent: list[dict[str, Any]] = []
+
+        async def send(message: dict[str, Any]) -> None:
+            sent.append(message)
+
+        burst = [
+            asyncio.create_task(middleware(dict(scope), _body, send))  # type: ignore[arg-type]
+            for _ in range(64)
+        ]
+        await asyncio.sleep(0.05)
+        assert middleware.inflight == 64
+        release.set()
+        await asyncio.gather(*burst)
+        return sent
+
+    assert asyncio.run(run()) == []  # nothing refused: no 429 was sent
+
+
 def test_an_idle_engine_admits_whatever_the_last_batch_cost() -> None:
     from service.search.admission import AdmissionMiddleware
 
@@ -532,7 +586,7 @@ def test_the_loop_lag_monitor_rests_while_no_search_asks_and_resumes_on_one() ->
 
 
 def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_queries(tmp_path: Path) -> None:
-    from service.search.admission import LIMIT_WINDOW, AdmissionMiddleware
+    from service.search.admission import LIMIT_WINDOW, AdaptiveLimit, AdmissionMiddleware
     from service.search.wait import ARRIVAL
 
     state = _state(tmp_path)
@@ -558,7 +612,12 @@ def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_que
         return app
 
     async def run(slices: int) -> int:
-        middleware = AdmissionMiddleware(answered_in_one_second(slices), _pipeline(Batcher()))
+        batcher = Batcher()
+        middleware = AdmissionMiddleware(answered_in_one_second(slices), _pipeline(batcher))
+        # a limit grown to twice its floor (one micro-batch) earlier, so that it has room to shrink
+        middleware.adaptive = AdaptiveLimit(
+            batcher.latency_budget, initial=128, ceiling=batcher.queue_size, floor=batcher.max_batch
+        )
         scope = {"type": "http", "method": "POST", "path": "/v1/search", "headers": []}
         for _ in range(2):  # the second answer, a window later, closes the window
             await middleware(scope, _body, None)  # type: ignore[arg-type]
@@ -566,5 +625,5 @@ def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_que
         assert middleware.adaptive is not None
         return middleware.adaptive.limit
 
-    assert asyncio.run(run(slices=8)) == 64  # 125 ms per slice: on time, the limit stays
-    assert asyncio.run(run(slices=1)) < 64  # one slice answered in a second: late, it shrinks
+    assert asyncio.run(run(slices=8)) == 128  # 125 ms per slice: on time, the limit stays
+    assert 64 <= asyncio.run(run(slices=1)) < 128  # one slice answered in a second: late, it shrinks
