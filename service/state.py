@@ -38,6 +38,7 @@ from service.config import Settings
 from service.engine import BACKENDS, Backend, SearchResult, SparseQuery, create_engine
 from service.engine.ann import ivf_options
 from service.errors import NotReadyError
+from service.search.page import display_bytes
 from service.sparse_query import engine_sparse
 from subspace.bundle import Bundle, BundleError, read_bundle, unreadable, writable_by_others
 from subspace.layout import SubspaceLayout
@@ -68,6 +69,15 @@ class ServingState:
     loaded_at: float = field(default_factory=time.time)
     _life: _Lifetime = field(default_factory=lambda: _Lifetime(), repr=False)  # noqa: PLW0108 - defined below
     _encoding: ThreadPoolExecutor = field(default_factory=_encoder_thread, repr=False)
+
+    @functools.cached_property
+    def answer_floors(self) -> tuple[int, int]:
+        """The shortest id and the fewest display bytes of any document: the least a hit adds to
+        a response (the up-front size check, :func:`service.search.results.check_answer_size`).
+        One pass over the corpus, made by :func:`load_state` on the loader thread, not at a search."""
+        shortest = min(map(len, self.bundle.ids), default=0)
+        display = min(map(display_bytes, self.docs), default=0) if self.docs else 0
+        return shortest, display
 
     def acquire(self) -> bool:
         """Count one more user; ``False`` (nothing counted) when the state is already closed."""
@@ -314,7 +324,9 @@ def load_state(path: str | Path, settings: Settings) -> ServingState:
         "yes" if encoder is not None else "no",
         seconds,
     )
-    return replace(state, load_seconds=seconds)
+    state = replace(state, load_seconds=seconds)
+    _ = state.answer_floors  # here, off the event loop
+    return state
 
 
 class StateHolder:

@@ -29,6 +29,11 @@ from subspace.filters import FieldType, FilterError, MetadataSchema, coerce_valu
 DISPLAY_FIELDS = ("text", "title", "url")
 
 
+def display_bytes(doc: Mapping[str, Any]) -> int:
+    """What a hit's display fields add to the response's measure (:mod:`service.search.results`)."""
+    return sum(len(v) + 12 for key in DISPLAY_FIELDS if isinstance(v := doc.get(key), str))
+
+
 @dataclass(frozen=True, slots=True)
 class SearchPage:
     """The part of the exact ranking a request asked for."""

@@ -14,18 +14,14 @@ stays, for everything it cannot rule out.
 
 from __future__ import annotations
 
-import threading
-import weakref
-from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from service.schemas import Query
 from service.search.batching import QueryHits, QueryInput
-from service.search.page import DISPLAY_FIELDS, SearchPage
+from service.search.page import DISPLAY_FIELDS, SearchPage, display_bytes
 from service.state import ServingState
-from subspace.engine.base import Backend
 from subspace.errors import FieldError
 from subspace.layout import SubspaceLayout
 
@@ -97,28 +93,6 @@ def too_large(size: int, limit: int, measured: str = "so far") -> FieldError:
     )
 
 
-def _display_bytes(doc: Mapping[str, Any]) -> int:
-    """What a hit's display fields add to the measure of :func:`build_results`."""
-    return sum(len(v) + 12 for key in DISPLAY_FIELDS if isinstance(v := doc.get(key), str))
-
-
-_floors: weakref.WeakKeyDictionary[Backend, tuple[int, int]] = weakref.WeakKeyDictionary()
-_floors_lock = threading.Lock()
-
-
-def _corpus_floors(state: ServingState) -> tuple[int, int]:
-    """The served bundle's shortest id and fewest display bytes of a document (one pass, kept
-    per engine: one per served bundle, as :func:`service.filtering.filter_context`)."""
-    with _floors_lock:
-        floors = _floors.get(state.engine)
-        if floors is None:
-            ids, docs = state.bundle.ids, state.docs
-            shortest = min(map(len, ids), default=0)
-            display = min(map(_display_bytes, docs), default=0) if docs else 0
-            floors = _floors[state.engine] = (shortest, display)
-        return floors
-
-
 def check_answer_size(
     state: ServingState, n_queries: int, page: SearchPage, max_bytes: int, *, filtered: bool
 ) -> None:
@@ -128,7 +102,7 @@ def check_answer_size(
     if filtered or page.score_threshold is not None or caps.approximate or caps.metadata:
         return  # any number of hits, down to none, may come back
     hits = max(0, min(page.engine_k, state.num_docs) - page.offset)
-    shortest_id, display = _corpus_floors(state)
+    shortest_id, display = state.answer_floors
     per_hit = _HIT_OVERHEAD + _SUBSPACE_BYTES * len(state.layout.names) + shortest_id
     if page.fields is not None:
         per_hit += sum(len(name) + 8 for name, _ in page.fields)  # each value: at least ""
@@ -178,7 +152,7 @@ def build_results(
                     value = doc.get(key)
                     if isinstance(value, str):
                         hit[key] = value
-                size += _display_bytes(doc)
+                size += display_bytes(doc)
             if max_bytes is not None and size > max_bytes:
                 raise too_large(size, max_bytes)
             out.append(hit)
