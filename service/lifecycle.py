@@ -57,11 +57,19 @@ def check_encoder_kept(path: Path, served: ServingState | None, settings: Settin
         )
 
 
+def _served_from_cache(source: Path | str, served: ServingState | None, settings: Settings) -> bool:
+    """Whether ``source`` is the folder the served bundle was fetched into (a reload without a
+    path of a bundle from a URI): its URI was checked against the bundle roots when it was."""
+    return (served is not None and not is_uri(source) and Path(source) == served.bundle.path
+            and served.bundle.path.parent == Path(settings.bundle_cache))
+
+
 def _load_checked(
     source: Path | str, settings: Settings, registry: Any, check_registry: bool, served: ServingState | None,
     *, sha256: str | None = None, field: str = "path",
 ) -> ServingState:
-    source = check_bundle_source(source, settings.allowed_roots, field)  # before anything is read
+    if not _served_from_cache(source, served, settings):  # a fetched bundle's URI was checked
+        source = check_bundle_source(source, settings.allowed_roots, field)  # before anything is read
     path = fetch_bundle(source, sha256, settings.bundle_cache) if is_uri(source) else Path(source)
     read_manifest(path)  # a path that is no bundle is named as such first
     check_encoder_kept(path, served, settings)

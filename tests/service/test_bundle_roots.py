@@ -170,3 +170,17 @@ def test_a_rollout_outside_the_roots_is_refused_and_the_served_bundle_kept(tree:
             assert time.monotonic() < deadline, rollout
             time.sleep(0.02)
         assert c.get("/readyz").json()["bundle_version"] != version
+
+
+def test_a_bundle_fetched_from_an_allowed_uri_reloads_from_its_cache(tree: dict[str, Path], tmp_path: Path) -> None:
+    uri = tree["a"].as_uri()
+    settings = Settings(bundle=uri, bundle_sha256=manifest_sha256(tree["a"]), bundle_cache=tmp_path / "cache",
+                        backend="numpy", admin_token="t0ken", bundle_roots=f"{tree['root']},{tree['root'].as_uri()}/")
+    with TestClient(create_app(settings)) as c:
+        assert _ready(c)["bundle_version"]
+        r = c.post("/v1/admin/reload", headers=AUTH)  # the served bundle, from the fetch cache
+        assert r.status_code == 200, r.text
+        assert Path(r.json()["path"]).parent == tmp_path / "cache"
+        outside = c.post("/v1/admin/reload", json={"path": tree["outside"].as_uri(),
+                                                   "sha256": manifest_sha256(tree["outside"])}, headers=AUTH)
+        assert outside.status_code == 409 and "ESP_BUNDLE_ROOTS" in outside.json()["message"]
