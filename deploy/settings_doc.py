@@ -133,6 +133,9 @@ HELM: dict[str, Value | Fixed | NotServed] = {
     "ESP_MAX_CLUSTER_TOKENS": Value("config.maxClusterTokens", 30303),
     "ESP_CLUSTER_TIMEOUT_SECONDS": Value("config.clusterTimeoutSeconds", 12.5),
     "ESP_BUNDLE_PERMISSIONS": Value("config.bundlePermissions", "warn"),
+    "ESP_BUNDLE_ROOTS": Value(
+        "config.bundleRoots", ["/models", "s3://models/esp/"], expect="/models,s3://models/esp/"
+    ),
     "ESP_ALLOW_NO_ENCODER": Value("config.allowNoEncoder", True),
     "ESP_MAX_HEADER_BYTES": Value("config.maxHeaderBytes", 32768),
     "ESP_MAX_HEADERS": Value("config.maxHeaders", 64),

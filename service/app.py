@@ -175,7 +175,7 @@ async def _initial_load(app: FastAPI, settings: Settings) -> None:
     assert settings.bundle_source is not None
     with contextlib.suppress(ReloadRefusedError):  # logged, counted; /readyz reports the reason
         await load_and_activate(app.state, settings.bundle_source, settings, sha256=settings.bundle_sha256,
-                                check_registry=False)
+                                check_registry=False, field="ESP_BUNDLE")
 
 
 @asynccontextmanager

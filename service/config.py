@@ -14,9 +14,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from service.bundle_roots import check_bundle_source, parse_roots
 from service.engine import BACKENDS, PRECISIONS
 from service.remote_bundle import is_uri
 
@@ -133,6 +134,13 @@ class Settings(BaseSettings):
         30.0, gt=0, description="a clustering request running longer is answered 503 with Retry-After"
     )
     # --- what may be served ---
+    bundle_roots: str = Field(
+        "",
+        description="comma-separated absolute folders and URI prefixes (s3://models/esp/) a bundle may be "
+        "loaded from: the start-up bundle (else the server does not start), POST /v1/admin/reload and the "
+        "registry's bundle (else refused, 409, the served bundle kept); a path is checked after symlinks "
+        "and '..' are resolved; unset: any bundle (service/bundle_roots.py)",
+    )
     bundle_permissions: Literal["refuse", "warn"] = Field(
         "refuse", description="a bundle its group or others may write: refuse it, or serve it with a warning"
     )
@@ -210,6 +218,24 @@ class Settings(BaseSettings):
         if isinstance(data, dict) and isinstance(data.get("bundle"), str) and is_uri(data["bundle"]):
             data = {**data, "bundle_uri": data["bundle"], "bundle": None}
         return data
+
+    @field_validator("bundle_roots")
+    @classmethod
+    def _roots_parse(cls, value: str) -> str:
+        parse_roots(value)  # a relative folder is refused
+        return value
+
+    @model_validator(mode="after")
+    def _bundle_inside_roots(self) -> Settings:
+        """A start-up bundle outside ``bundle_roots`` stops the server before it starts."""
+        if self.bundle_source is not None:
+            check_bundle_source(self.bundle_source, self.allowed_roots, "ESP_BUNDLE")
+        return self
+
+    @property
+    def allowed_roots(self) -> tuple[str, ...]:
+        """``bundle_roots`` as a tuple (empty: no restriction)."""
+        return parse_roots(self.bundle_roots)
 
     @property
     def bundle_source(self) -> Path | str | None:

@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from service import heap
+from service.bundle_roots import BundleRootError, check_bundle_source
 from service.config import Settings
 from service.errors import ReloadRefusedError
 from service.metrics import Metrics
@@ -56,10 +57,19 @@ def check_encoder_kept(path: Path, served: ServingState | None, settings: Settin
         )
 
 
+def _served_from_cache(source: Path | str, served: ServingState | None, settings: Settings) -> bool:
+    """Whether ``source`` is the folder the served bundle was fetched into (a reload without a
+    path of a bundle from a URI): its URI was checked against the bundle roots when it was."""
+    return (served is not None and not is_uri(source) and Path(source) == served.bundle.path
+            and served.bundle.path.parent == Path(settings.bundle_cache))
+
+
 def _load_checked(
     source: Path | str, settings: Settings, registry: Any, check_registry: bool, served: ServingState | None,
-    *, sha256: str | None = None,
+    *, sha256: str | None = None, field: str = "path",
 ) -> ServingState:
+    if not _served_from_cache(source, served, settings):  # a fetched bundle's URI was checked
+        source = check_bundle_source(source, settings.allowed_roots, field)  # before anything is read
     path = fetch_bundle(source, sha256, settings.bundle_cache) if is_uri(source) else Path(source)
     read_manifest(path)  # a path that is no bundle is named as such first
     check_encoder_kept(path, served, settings)
@@ -85,14 +95,16 @@ async def _on_loader_thread(fn: Callable[..., T], *args: Any) -> T:
 
 async def load_and_activate(
     app_state: Any, path: Path | str, settings: Settings, *, sha256: str | None = None,
-    check_registry: bool = True,
+    check_registry: bool = True, field: str = "path",
 ) -> tuple[ServingState | None, ServingState]:
     """Load ``path`` beside the served bundle and swap it in; return ``(old, new)``.
 
     ``path`` is a local directory or a URI (:mod:`service.remote_bundle`: fetched into
     ``settings.bundle_cache`` and checked against ``sha256``, the digest of its manifest, on the
     loader thread before anything is loaded; after a swap the cache keeps the new and the old
-    bundle only). ``app_state`` is ``app.state`` (holder, metrics, the search pipeline). Raises
+    bundle only). A bundle outside ``ESP_BUNDLE_ROOTS`` is refused before anything is read
+    (:mod:`service.bundle_roots`; ``field`` names where it was given). ``app_state`` is
+    ``app.state`` (holder, metrics, the search pipeline). Raises
     :class:`ReloadRefusedError` and counts ``esp_bundle_reloads_total{result="failure"}`` when the new
     bundle is refused; the served one is kept.
     """
@@ -103,7 +115,7 @@ async def load_and_activate(
     async with holder.reload_lock:
         old = holder.current
         try:
-            load = functools.partial(_load_checked, sha256=sha256)
+            load = functools.partial(_load_checked, sha256=sha256, field=field)
             new = await _on_loader_thread(load, path, settings, registry, check_registry, old)
         except Exception as exc:
             metrics.bundle_reloads.labels(result="failure").inc()
@@ -112,7 +124,8 @@ async def load_and_activate(
             log.error("bundle at %r refused (%s): %r", str(path), kept, reason)
             if old is None:
                 holder.error = f"bundle at {path} refused: {reason}"
-            raise ReloadRefusedError(f"bundle at {path} refused ({kept}): {reason}") from None
+            field_at = exc.field if isinstance(exc, BundleRootError) else None
+            raise ReloadRefusedError(f"bundle at {path} refused ({kept}): {reason}", field_at) from None
         if old is None:  # the first bundle, before it is served: the start-up heap is complete
             heap.settle()
             if pipeline.batcher is not None:  # that pause was made before serving: no lag to refuse for

@@ -17,7 +17,8 @@ manifest is read alone and compared first, then the bundle is fetched into ``ESP
 names is not the one served: checks the manifest's digest, then loads, verifies every checksum,
 warms and swaps it in through :func:`service.lifecycle.load_and_activate`, the path of every
 reload. A bundle that fails (wrong digest, a corrupt file, a layout the registry does not fit)
-is refused, logged and counted, the served one is kept, and the same bundle is not tried again
+or one outside ``ESP_BUNDLE_ROOTS`` (:mod:`service.bundle_roots`, checked before its manifest is
+read) is refused, logged and counted, the served one is kept, and the same bundle is not tried again
 until the file names another or the bundle's manifest changes.
 
 Each replica reports what it serves and whether that is what the file asks for: ``/readyz``
@@ -39,6 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from service.bundle_roots import BundleRootError, check_bundle_source
 from service.config import Settings
 from service.errors import ReloadRefusedError
 from service.lifecycle import load_and_activate
@@ -53,6 +55,7 @@ from service.tuning.schema import DesiredBundleSpec, desired_bundle
 log = logging.getLogger(__name__)
 
 MANIFEST = "manifest.json"
+ROLLOUT_FIELD = "bundle.path"  # where the registry file names the bundle
 
 
 def manifest_sha256(bundle_dir: str | Path) -> str:
@@ -142,6 +145,12 @@ class RolloutReconciler:
             self._set("pending", "waiting for the initial load")
             return False  # the bundle given at start is still loading: swap after it
         remote = is_uri(want.path)
+        try:  # nothing outside ESP_BUNDLE_ROOTS is read, not even its manifest
+            check_bundle_source(want.path, self.settings.allowed_roots, ROLLOUT_FIELD)
+        except BundleRootError as exc:
+            if (outside := (want.path, want.sha256, "outside the bundle roots")) != self._refused:
+                self._refuse(outside, exc.message)
+            return False
         try:
             actual = await asyncio.to_thread(remote_manifest_sha256 if remote else manifest_sha256, want.path)
         except BundleFetchError as exc:
@@ -157,7 +166,8 @@ class RolloutReconciler:
         self._set("loading")
         try:
             source = want.path if remote else Path(want.path)
-            _, new = await load_and_activate(self.app_state, source, self.settings, sha256=want.sha256)
+            _, new = await load_and_activate(self.app_state, source, self.settings, sha256=want.sha256,
+                                             field=ROLLOUT_FIELD)
         except ReloadRefusedError as exc:
             self._refuse(key, exc.message)
             return False
