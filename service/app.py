@@ -40,6 +40,7 @@ from service.errors import (
     openai_error_body,
 )
 from service.exposure import ExposureLog
+from service.http_limits import HEAD_ADMISSION
 from service.lifecycle import load_and_activate
 from service.metrics import Metrics
 from service.middleware import BodyLimitMiddleware, MetricsMiddleware, RequestIdMiddleware
@@ -47,7 +48,7 @@ from service.rollout import RolloutReconciler
 from service.routes import admin, cluster, docs, documents, embeddings, meta, tuning, ui
 from service.schemas import UNION_TAGS, error_responses
 from service.search import route as search
-from service.search.admission import AdmissionMiddleware
+from service.search.admission import AdmissionMiddleware, HeadAdmission
 from service.search.batching import MicroBatcher
 from service.search.pipeline import SearchPipeline
 from service.state import StateHolder
@@ -179,7 +180,7 @@ async def _initial_load(app: FastAPI, settings: Settings) -> None:
 
 
 @asynccontextmanager
-async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+async def lifespan(app: FastAPI) -> AsyncIterator[dict[str, object]]:
     settings: Settings = app.state.settings
     metrics: Metrics = app.state.metrics
     metrics.ready.set(0)
@@ -209,7 +210,8 @@ async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         app.state.holder.error = "no bundle configured (ESP_BUNDLE); load one with POST /v1/admin/reload"
         log.warning("no bundle configured: not ready until one is loaded through /v1/admin/reload")
     try:
-        yield
+        # uvicorn hands this state to the HTTP protocol: searches refused at their headers
+        yield {HEAD_ADMISSION: HeadAdmission(pipeline)}
     finally:
         metrics.ready.set(0)
         if loader is not None and not loader.done():

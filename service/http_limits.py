@@ -48,6 +48,16 @@ from service.errors import STATUS, ErrorKind, encoded_error, send_error
 
 #: Scope key: ``time.monotonic()`` when the request's headers were complete.
 RECEIVED = "esp.received"
+#: Scope key, set True when the app's :data:`HEAD_ADMISSION` check let the request through.
+ADMITTED_AT_HEAD = "esp.admitted_at_head"
+#: Lifespan-state key (the app's lifespan yields it; uvicorn hands the state to each protocol):
+#: a check made at a request's headers, ``(method, target, header fields, received) -> answer or
+#: None`` (:class:`service.search.admission.HeadAdmission`). An answer (status, headers, body) is
+#: written when the request's body has been read and dropped, and no app runs for it.
+HEAD_ADMISSION = "esp.head_admission"
+
+#: An answer written by the protocol itself: status, header fields, body.
+EarlyAnswer = tuple[int, list[tuple[bytes, bytes]], bytes]
 
 
 async def _busy(scope: Any, receive: Any, send: Any) -> None:
@@ -58,6 +68,7 @@ async def _busy(scope: Any, receive: Any, send: Any) -> None:
 
 @dataclass(frozen=True)
 class HttpLimits:
+    max_body_bytes: int
     max_header_bytes: int
     max_headers: int
     header_timeout: float
@@ -67,6 +78,7 @@ class HttpLimits:
     @classmethod
     def from_settings(cls, s: Settings) -> HttpLimits:
         return cls(
+            s.max_body_bytes,
             s.max_header_bytes,
             s.max_headers,
             s.header_timeout_seconds,
@@ -115,6 +127,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._lingering = False
         self._linger_timer: asyncio.TimerHandle | None = None
         self._body_pending = False  # headers complete, body not yet
+        self._early: EarlyAnswer | None = None  # answered at the head: the body is dropped, then this written
         self._concurrency, self.limit_concurrency = self.limit_concurrency, None  # checked here
 
     # --- connection ------------------------------------------------------------------------
@@ -207,9 +220,12 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self._heads_done += 1
         self._cancel(self._head_timer)
         self._head_timer = None
-        self.scope[RECEIVED] = time.monotonic()  # type: ignore[literal-required]
+        received = self.scope[RECEIVED] = time.monotonic()  # type: ignore[literal-required]
         limit = self._concurrency
         busy = limit is not None and (len(self.connections) >= limit or len(self.tasks) >= limit)
+        if not busy and self._answered_at_head(received):
+            self._body_pending = True
+            return
         app = self.app
         if busy:
             self.logger.warning("Exceeded concurrency limit.")
@@ -222,13 +238,54 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             self.cycle.transport = _LingeringTransport(self, self.transport)  # type: ignore[assignment]
         self._body_pending = True
 
+    def _answered_at_head(self, received: float) -> bool:
+        """Whether the app's :data:`HEAD_ADMISSION` check answered this request at its headers.
+        Asked only where writing the answer once the body is read keeps the order and the
+        limits: no request in progress on the connection (pipelining), no ``Expect:
+        100-continue`` (the client waits for a go-ahead before its body), and a declared body
+        within ``ESP_MAX_BODY_BYTES`` (a larger one gets the body limit's 413; a chunked one is
+        counted by the app)."""
+        check = self.app_state.get(HEAD_ADMISSION)
+        if check is None or self.expect_100_continue:
+            return False
+        if self.cycle is not None and not self.cycle.response_complete:
+            return False
+        length = next((value for name, value in self.headers if name == b"content-length"), None)
+        if length is None or not length.isdigit() or int(length) > self._limits.max_body_bytes:
+            return False
+        answer = check(self.parser.get_method(), self.url, self.headers, received)
+        if answer is None:
+            self.scope[ADMITTED_AT_HEAD] = True  # type: ignore[literal-required]
+            return False
+        self._early = answer
+        return True
+
+    def on_body(self, body: bytes) -> None:
+        if self._early is None:
+            super().on_body(body)  # else dropped: the request was answered at its head
+
     def on_message_complete(self) -> None:
-        super().on_message_complete()
+        early, self._early = self._early, None
+        if early is None:
+            super().on_message_complete()
         self._body_pending = False
         self._cancel(self._body_timer)
         self._body_timer = None
         self._in_head = True
         self._head_bytes = 0
+        if early is not None:
+            self._write_early(early)
+
+    def _write_early(self, answer: EarlyAnswer) -> None:
+        """Write an answer made at the head (its body now read); keep-alive as the client asked."""
+        keep_alive = self.parser.get_http_version() != "1.0" and self.parser.should_keep_alive()
+        status, headers, payload = answer
+        self._write(status, headers if keep_alive else [*headers, (b"connection", b"close")], payload)
+        if keep_alive:
+            self.on_response_complete()  # the keep-alive timer, pipelined requests, reading resumed
+        else:
+            self.server_state.total_requests += 1
+            self._transport_close()
 
     # --- timers ----------------------------------------------------------------------------
     @staticmethod
@@ -264,7 +321,10 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
             return
         cycle = self.cycle
         message = f"request body not received: nothing sent for {self._limits.body_timeout:g} s"
-        if cycle is not None and not cycle.response_started:
+        if self._early is not None:  # answered at its head, its body never came: the 408 instead
+            self._early = None
+            self._write_error(ErrorKind.REQUEST_TIMEOUT, message)
+        elif cycle is not None and not cycle.response_started:
             self._write_error(ErrorKind.REQUEST_TIMEOUT, message)
         if cycle is not None:
             cycle.disconnected = True  # the app's receive() answers http.disconnect
@@ -274,7 +334,9 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
     # --- answers and closing -----------------------------------------------------------------
     def _write_error(self, kind: ErrorKind, message: str) -> None:
         """The error answered on the connection itself (no app ran): :func:`service.errors.encoded_error`."""
-        status, headers, payload = encoded_error(kind, message, close=True)
+        self._write(*encoded_error(kind, message, close=True))
+
+    def _write(self, status: int, headers: list[tuple[bytes, bytes]], payload: bytes) -> None:
         head = [STATUS_LINE[status]]
         for name, value in [*self.server_state.default_headers, *headers]:
             head.extend([name, b": ", value, b"\r\n"])

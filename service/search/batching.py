@@ -22,8 +22,9 @@ while the worker is busy are always taken together.
 The queue is bounded in *queries*: when a request would overflow it, the caller gets 429 with
 ``Retry-After`` instead of a growing queue (docs/architecture.md section 3). It is also bounded
 in *time*: with a ``latency_budget_ms``, a request is refused (429) when the queries ahead of it
-would take longer than the budget at the measured engine throughput (seconds per query over the
-recent batches), and ``Retry-After`` is the time that queue needs to drain at that rate; so what
+would take longer than the budget at the measured engine cost (a fixed cost per batch plus one
+per query, fitted to the recent batches: :mod:`service.search.cost`), and ``Retry-After``
+is the time that queue needs to drain at the measured rate; so what
 is admitted is answered in about the budget instead of waiting seconds behind work that cannot
 finish in any useful time. The time the request already waited counts too: since it reached the
 server (its :class:`~service.search.admission.Arrival`: its headers' time stamp less the event loop's lag). At
@@ -61,6 +62,7 @@ import numpy as np
 
 from service.errors import ClientClosedError, NotReadyError, OverloadedError
 from service.metrics import Metrics
+from service.search.cost import BatchCost, fit_batch_cost
 from service.search.wait import Arrival, LoopLag
 from service.sparse_query import columns, engine_sparse
 from service.state import ServingState
@@ -283,6 +285,8 @@ class MicroBatcher:
         self._arrivals: deque[float] = deque(maxlen=_RECENT_MAX)
         self._batches: deque[tuple[float, int, float]] = deque(maxlen=_RATE_BATCHES)  # (end, nq, seconds)
         self._rate: tuple[float, float | None] | None = None  # (valid until, seconds per query), cached
+        self._cost: tuple[float, BatchCost | None] | None = None  # (valid until, batch cost), cached
+        self._fit: BatchCost | None = None  # the last batch cost fitted (its slope outlives its window)
         self._sizes: deque[int] = deque(maxlen=_SIZES)
         self.lag = LoopLag()  # the event loop's lag (service.search.wait), started with the batcher
         self.dropped = 0  # queries dropped because their client went away
@@ -328,16 +332,34 @@ class MicroBatcher:
             return None
         return spq * sum(self._sizes) / len(self._sizes)
 
-    def expected_wait(self, n: int, now: float | None = None) -> float:
-        """Seconds until ``n`` more queries would be answered: the queue ahead of them, the rest
-        of the batch in the engine, and their own, at the measured rate (0 when unmeasured)."""
+    def batch_cost(self, now: float | None = None) -> BatchCost | None:
+        """The engine's cost per batch, fitted to the recent batches
+        (:func:`service.search.cost.fit_batch_cost`; ``None`` before any was measured); kept
+        until a batch ends, as :meth:`seconds_per_query`."""
         now = time.monotonic() if now is None else now
-        spq = self.seconds_per_query(now)
-        if spq is None:
+        if self._cost is not None and now < self._cost[0]:
+            return self._cost[1]
+        recent = [(end, n, dt) for end, n, dt in self._batches if now - end <= _RATE_SECONDS]
+        fit = fit_batch_cost(((n, dt) for _, n, dt in recent), self._fit)
+        if fit is not None:
+            self._fit = fit
+        self._cost = (recent[0][0] + _RATE_SECONDS if recent else math.inf, fit)
+        return fit
+
+    def expected_wait(self, n: int, now: float | None = None) -> float:
+        """Seconds until ``n`` more queries would be answered (0 before any batch was measured):
+        the rest of the batch in the engine, then the queue ahead of them and their own, in
+        batches of at most ``max_batch`` queries (one per request slice without gathering),
+        each charged its fixed cost once and each query its own (:meth:`batch_cost`)."""
+        now = time.monotonic() if now is None else now
+        cost = self.batch_cost(now)
+        if cost is None:
             return 0.0
         inflight = sum(j.size for j in self._inflight)
-        left = max(0.0, inflight * spq - (now - self._inflight_since)) if inflight else 0.0
-        return (self._depth + n) * spq + left
+        left = max(0.0, cost(inflight) - (now - self._inflight_since)) if inflight else 0.0
+        queued = self._depth + n
+        batches = math.ceil(queued / self.max_batch) if self.gather else len(self._queue) + 1
+        return left + cost.queue(queued, batches)
 
     def _admit(self, n: int, arrived: float | None) -> None:
         if self._depth + n > self.queue_size:
@@ -555,7 +577,7 @@ class MicroBatcher:
             nq = sum(j.size for j in runnable)
             if nq:
                 self._batches.append((end, nq, end - self._inflight_since))
-                self._rate = None
+                self._rate = self._cost = None
             answers = dict(zip(map(id, runnable), results, strict=True))
             for job in batch:
                 res = answers.get(id(job), NotReadyError("the bundle was replaced; retry", retry_after=1.0))
