@@ -70,8 +70,9 @@ DEFAULT_DIMS = {"semantic": 256, "entity": 96, "intent": 32}
 CLIENTS = ("raw", "httpx")  # load clients (see the module docstring)
 
 
-def synthetic_bundle(root: Path, docs: int, seed: int = 0, chunk: int = 100_000) -> Path:
-    """A random block-normalised ``docs x 384`` bundle; drawn in chunks, so 1M rows need ~1.5 GB."""
+def synthetic_bundle(root: Path, docs: int, seed: int = 0, chunk: int = 100_000, groups: int = 0) -> Path:
+    """A random block-normalised ``docs x 384`` bundle; drawn in chunks, so 1M rows need ~1.5 GB.
+    ``groups``: each document gets a filterable string field ``group`` (``g0`` ..), one of that many."""
     layout = SubspaceLayout.from_dims(DEFAULT_DIMS)
     rng = np.random.default_rng(seed)
     emb = np.empty((docs, layout.dim), dtype=np.float32)
@@ -80,7 +81,8 @@ def synthetic_bundle(root: Path, docs: int, seed: int = 0, chunk: int = 100_000)
         emb[start:stop] = normalize_blocks(
             rng.standard_normal((stop - start, layout.dim), dtype=np.float32), layout
         )
-    return write_bundle(root / "bundle", layout, emb, [f"doc{i}" for i in range(docs)])
+    meta = [{"group": f"g{i % groups}"} for i in range(docs)] if groups else None
+    return write_bundle(root / "bundle", layout, emb, [f"doc{i}" for i in range(docs)], docs=meta)
 
 
 _NOOP_BODY = b'{"results":[{"hits":[]}]}'

@@ -16,7 +16,12 @@ A real server (``esp serve``, admin token, registry file) serves a synthetic bun
    (default 10), every request on its own schedule (latency counted from when it was due, so
    client-side queueing is not hidden), while a hot reload alternates two bundles every
    ``--reload-every`` seconds (default 60) and the registry file's operating point changes every
-   ``--registry-every`` seconds (default 120).
+   ``--registry-every`` seconds (default 120); beside it, the attacks (:func:`attack`): 64
+   connections trickling a search body a byte every 5 s (``--slow-connections``), a search of 256
+   queries every 2 s (``--expensive-*``), and one filtered by an ``in`` of 1,024 values every
+   second (``--filter-every``, synthetic bundles: their field ``group``), each answered on its
+   own connection and reported apart (``attacks``: statuses by attack; a 5xx, a transport error
+   or a refusal without ``Retry-After`` is lost).
 
 Reported: answered/s (200s), the 429 share, p50 / p99 of admitted (200) requests against the
 unloaded p50 / p99 (ratios; the p99 also against the calibration's), 5xx count, *lost* requests
@@ -305,6 +310,98 @@ async def loop_lag(seconds: float, out: list[float], interval: float = 0.005) ->
         out.append(max(0.0, time.perf_counter() - due))
 
 
+GROUPS = 2048  # distinct values of the synthetic bundles' filterable field ``group``
+
+
+class Attacks:
+    """What the attackers sent and got, by attack; ``lost``: a 5xx, a transport error, or a
+    refusal without ``Retry-After`` (a slow connection's 408 and close are its expected end)."""
+
+    def __init__(self) -> None:
+        self.status: dict[str, dict[int, int]] = {}
+        self.lost: dict[str, int] = {}
+
+    def record(self, attack: str, status: int | None, retry_after: bool = True) -> None:
+        if status is not None:
+            by = self.status.setdefault(attack, {})
+            by[status] = by.get(status, 0) + 1
+        if status is None or status >= 500 or (status in (429, 503) and not retry_after):
+            self.lost[attack] = self.lost.get(attack, 0) + 1
+
+
+async def slow_connection(host: str, port: int, request: bytes, end: float, attacks: Attacks) -> None:
+    """A connection that sends a search's headers, then its body one byte every 5 s, until the
+    server answers (408 at ``ESP_SEARCH_BODY_DEADLINE_SECONDS``); then again, until ``end``."""
+    head, _, body = request.partition(b"\r\n\r\n")
+    while time.monotonic() < end:
+        try:
+            reader, writer = await asyncio.open_connection(host, port)
+        except OSError:
+            attacks.record("slow_connection", None)
+            await asyncio.sleep(1.0)
+            continue
+        try:
+            writer.write(head + b"\r\n\r\n")
+            answer = b""
+            for byte in body:
+                writer.write(bytes([byte]))
+                try:
+                    answer = await asyncio.wait_for(reader.read(65536), 5.0)
+                except TimeoutError:
+                    if time.monotonic() >= end:
+                        return
+                    continue
+                break
+            status = int(answer.split(b" ", 2)[1]) if answer.startswith(b"HTTP/") else None
+            attacks.record("slow_connection", status)
+        except (OSError, asyncio.IncompleteReadError):
+            attacks.record("slow_connection", None)
+        finally:
+            writer.close()
+
+
+async def repeat(
+    address: tuple[str, int], name: str, request: bytes, *, every: float, end: float, attacks: Attacks,
+    timeout: float,
+) -> None:
+    """``request`` every ``every`` s on its own connection until ``end``."""
+    while time.monotonic() < end:
+        t0 = time.monotonic()
+        try:
+            async with RawConnection(*address) as conn:
+                status, _, retry_after = await send(conn, request, timeout)
+            attacks.record(name, status, retry_after)
+        except (OSError, asyncio.IncompleteReadError, TimeoutError):
+            attacks.record(name, None)
+        await asyncio.sleep(max(0.0, every - (time.monotonic() - t0)))
+
+
+async def attack(host: str, port: int, dim: int, args: argparse.Namespace, seconds: float) -> Attacks:
+    """The attack mix beside the load: ``--slow-connections`` trickling connections; a search of
+    ``--expensive-queries`` queries every ``--expensive-every`` s; a search filtered by an ``in``
+    of 1,024 values every ``--filter-every`` s."""
+    attacks = Attacks()
+    end = time.monotonic() + seconds
+    rng = np.random.default_rng(7)
+    vectors = rng.standard_normal((args.expensive_queries, dim)).astype(np.float32)
+    heavy = json.dumps({**search_json(vectors, k=args.k), "operating_point": OP}).encode()
+    one = search_json(vectors[:1], k=args.k)
+    values = [f"g{i}" for i in range(0, 2 * GROUPS, 2)][:1024]  # half of them absent
+    filtered = json.dumps({**one, "operating_point": OP, "filter": {"field": "group", "in": values}}).encode()
+    slow = RawConnection.request_bytes(host, port, "/v1/search", json.dumps(one).encode())
+    tasks = [slow_connection(host, port, slow, end, attacks) for _ in range(args.slow_connections)]
+    if args.expensive_every > 0:
+        heavy_request = RawConnection.request_bytes(host, port, "/v1/search", heavy)
+        tasks.append(repeat((host, port), "expensive", heavy_request, every=args.expensive_every, end=end,
+                            attacks=attacks, timeout=args.timeout))
+    if args.filter_every > 0 and args.bundle is None:  # the synthetic bundles have the field
+        filter_request = RawConnection.request_bytes(host, port, "/v1/search", filtered)
+        tasks.append(repeat((host, port), "filter", filter_request, every=args.filter_every, end=end,
+                            attacks=attacks, timeout=args.timeout))
+    await asyncio.gather(*tasks)
+    return attacks
+
+
 def pct(values: list[float], q: float) -> float | None:
     return round(float(np.percentile(np.array(values) * 1000, q)), 2) if values else None
 
@@ -359,7 +456,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         bundles = [args.bundle.resolve(), args.bundle.resolve()]
     else:
         progress(f"synthetic bundles: 2 x {args.docs} docs")
-        bundles = [synthetic_bundle(tmp / f"b{s}", args.docs, seed=s) for s in range(2)]
+        bundles = [synthetic_bundle(tmp / f"b{s}", args.docs, seed=s, groups=GROUPS) for s in range(2)]
     from subspace.bundle import read_manifest
 
     names = [o["name"] for o in read_manifest(bundles[0])["layout"]["objectives"]]
@@ -420,10 +517,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         samples = [{"t": 0.0, **proc_stats(server.proc.pid)}]
         c0, cpu0 = time.perf_counter(), time.process_time()
         client_lag: list[float] = []
-        tally, ops, _ = await asyncio.gather(
+        tally, ops, _, attacks = await asyncio.gather(
             open_loop(conns, requests, rate, seconds, args.timeout),
             operate(server, bundles, registry, names, args=args, seconds=seconds, samples=samples),
             loop_lag(seconds, client_lag),
+            attack(host, port, dim, args, seconds),
         )
         elapsed = time.perf_counter() - c0
         client_cpu = (time.process_time() - cpu0) / elapsed
@@ -470,6 +568,13 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         "refusals_by_reason": dict(sorted(refusals.items())),
         "count_5xx": fivexx,
         "lost": tally.lost,
+        "attacks": {
+            "slow_connections": args.slow_connections, "expensive_queries": args.expensive_queries,
+            "statuses": {
+                a: {str(k): v for k, v in sorted(by.items())} for a, by in sorted(attacks.status.items())
+            },
+            "lost": attacks.lost,
+        },
         "lost_reasons": tally.lost_reasons,
         "refusals_without_retry_after": tally.no_retry_after,
         "connections": args.connections,
@@ -540,15 +645,26 @@ def main(argv: list[str] | None = None) -> int:
         help="load client on the first core, server on the others (default; needs two cores)",
     )
     p.add_argument("--timeout", type=float, default=60.0, help="seconds a request may take before it is lost")
+    p.add_argument("--slow-connections", type=int, default=64,
+                   help="attack: connections trickling a search body, 1 byte per 5 s (default 64; 0: none)")
+    p.add_argument("--expensive-queries", type=int, default=256,
+                   help="attack: queries of the expensive search (default 256)")
+    p.add_argument("--expensive-every", type=float, default=2.0,
+                   help="attack: seconds between expensive searches (default 2; 0: none)")
+    p.add_argument("--filter-every", type=float, default=1.0,
+                   help="attack: seconds between searches filtered by an `in` of 1,024 values "
+                   "(default 1; 0: none)")
     args = p.parse_args(argv)
     if args.quick:
         args.minutes, args.docs = min(args.minutes, 0.5), min(args.docs, 5000)
         args.reload_every, args.registry_every = 6.0, 12.0
         args.peak_seconds, args.unloaded_seconds = 4.0, 3.0
+        args.slow_connections = min(args.slow_connections, 8)
     with tempfile.TemporaryDirectory(prefix="esp-soak-") as tmp:
         result = run_client(run(args, Path(tmp)), args.uvloop)
     emit(result)
-    return 0 if result["count_5xx"] == 0 and result["lost"] == 0 else 1
+    clean = result["count_5xx"] == 0 and result["lost"] == 0 and not result["attacks"]["lost"]
+    return 0 if clean else 1
 
 
 if __name__ == "__main__":

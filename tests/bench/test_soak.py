@@ -1,5 +1,5 @@
-"""bench/soak.py --quick: a short soak (peak, 2x overload, reloads, registry changes) reports one
-JSON line with no server error and no request lost."""
+"""bench/soak.py --quick: a short soak (peak, 2x overload, reloads, registry changes, the attack
+mix) reports one JSON line with no server error and no request lost."""
 
 from __future__ import annotations
 
@@ -25,6 +25,11 @@ def test_quick_soak_reports_one_line_without_5xx_or_lost_requests() -> None:
     assert result["count_5xx"] == 0 and result["lost"] == 0, result
     assert result["reloads"] >= 2 and result["reload_failures"] == 0 and result["registry_changes"] >= 1
     assert result["statuses"].get("200", 0) > 0
+    attacks = result["attacks"]  # the attack mix ran beside the load, and lost nothing
+    assert attacks["lost"] == {}, attacks
+    assert set(attacks["statuses"]["slow_connection"]) == {"408"}  # a trickled body never holds a search
+    assert set(attacks["statuses"]["expensive"]) <= {"200", "429"}
+    assert set(attacks["statuses"]["filter"]) <= {"200", "429"}
     for key in ("answered_per_s", "share_429", "admitted_p99_ms", "unloaded", "rss_mb", "threads"):
         assert key in result
     assert proc.returncode == 0
