@@ -278,8 +278,8 @@ class HeadAdmission:
     """The forecast refusal of :class:`AdmissionMiddleware`, made by the HTTP protocol at a
     search's headers (:class:`service.http_limits.LimitedHttpToolsProtocol`), before any request
     object, task or middleware exists for it: a refusal there costs the parse and one write, where
-    one made by the middleware costs an ASGI task through the middleware stack (about 0.4 ms of
-    the event loop each, which under twice the peak load left the loop little time to answer).
+    one made by the middleware costs an ASGI task through the middleware stack (a server refusing
+    every search, on one core: 34 us a refusal here, 71 us in the middleware).
 
     Called with the request's method, target and header fields and when its headers were
     complete; returns the 429 to write (and counts it: ``esp_admission_refusals_total{reason}``,

@@ -76,12 +76,17 @@ class NumpyBackend(ChunkedBackend):
         block = self._data[start:stop]
         if block.dtype == np.float32 and not stage:
             return block
-        scratch = getattr(self._local, "scratch", None)
-        if scratch is None or scratch.shape[0] < stop - start:
-            scratch = self._local.scratch = np.empty((stop - start, self.dim), np.float32)
-        widened = scratch[: stop - start]
+        widened = self._scratch("rows", stop - start, self.dim)
         np.copyto(widened, block)
         return widened
+
+    def _scratch(self, name: str, rows: int, cols: int) -> np.ndarray:
+        """This worker's float32 ``(rows, cols)`` buffer ``name``, grown as needed."""
+        buf = getattr(self._local, name, None)
+        if buf is None or buf.size < rows * cols:
+            buf = np.empty(rows * cols, np.float32)
+            setattr(self._local, name, buf)
+        return buf[: rows * cols].reshape(rows, cols)
 
     def _chunk_scores(self, prepared: np.ndarray, start: int, stop: int, out: np.ndarray) -> np.ndarray:
         nq = prepared.shape[0]
@@ -90,16 +95,9 @@ class NumpyBackend(ChunkedBackend):
         if nq == 1:  # memory-bound: a row-dot kernel streams faster than sgemv here
             rows_dot(rows, prepared[0], out[0])
         elif nq <= self.corpus_major_batches:
-            product = self._product(stop - start, nq)
+            product = self._scratch("product", stop - start, nq)
             np.matmul(rows, prepared.T, out=product)
             np.copyto(out, product.T)
         else:
             np.matmul(prepared, rows.T, out=out)
         return out
-
-    def _product(self, rows: int, nq: int) -> np.ndarray:
-        """This worker's ``(rows, nq)`` buffer for a corpus-major product."""
-        buf = getattr(self._local, "product", None)
-        if buf is None or buf.size < rows * nq:
-            buf = self._local.product = np.empty(rows * nq, np.float32)
-        return buf[: rows * nq].reshape(rows, nq)
