@@ -44,8 +44,8 @@ lint: setup
 DEMO_DIR ?= artifacts/demo
 demo: setup
 	@test -n "$$(find $(DEMO_DIR) -name manifest.json 2>/dev/null | head -n 1)" \
-		|| $(PY) -m esp_cli train --config configs/demo.yaml --out $(DEMO_DIR)
-	$(PY) -m esp_cli.demo --artifacts $(DEMO_DIR) --host 127.0.0.1 --port 8000
+		|| $(PY) -m esp_retrieval.cli train --config configs/demo.yaml --out $(DEMO_DIR)
+	$(PY) -m esp_retrieval.cli.demo --artifacts $(DEMO_DIR) --host 127.0.0.1 --port 8000
 
 bench: setup
 	$(PY) bench/knn.py --quick
@@ -64,7 +64,7 @@ dashboards: setup
 manifests: setup
 	$(PY) -m deploy.manifests
 
-# Regenerate docs/settings.md (every ESP_* setting, where the chart sets it) from service/config.py.
+# Regenerate docs/settings.md (every ESP_* setting, where the chart sets it) from esp_retrieval/service/config.py.
 settings-doc: setup
 	$(PY) -m deploy.settings_doc
 

@@ -17,8 +17,8 @@ from typing import Any
 
 import numpy as np
 
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks, reference_scores
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
 
 
 def progress(message: str) -> None:

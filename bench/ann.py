@@ -35,12 +35,18 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from bench._common import emit, machine, progress
-from subspace.bundle import read_bundle
-from subspace.engine.ivf import EXACT_BELOW, IvfBackend
-from subspace.engine.ivf_index import IvfIndexError, IvfParams, build_index, load_index, save_index
-from subspace.engine.numpy_backend import NumpyBackend
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.bundle import read_bundle
+from esp_retrieval.subspace.engine.ivf import EXACT_BELOW, IvfBackend
+from esp_retrieval.subspace.engine.ivf_index import (
+    IvfIndexError,
+    IvfParams,
+    build_index,
+    load_index,
+    save_index,
+)
+from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 ROOT = Path(__file__).resolve().parents[1]
 QUERY_FILES = ("queries.dl19.tsv", "queries.dl20.tsv")
@@ -173,7 +179,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import faiss
 
-    from encoder.query_encoder import QueryEncoder
+    from esp_retrieval.encoder.query_encoder import QueryEncoder
 
     bundle = read_bundle(args.bundle)
     layout, K = bundle.layout, len(bundle.layout)

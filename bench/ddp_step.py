@@ -3,7 +3,7 @@
 Runs the trainer's real step (PCGrad + DWA, three objectives, frozen trunk features) on the
 same per-rank batches: ``single`` in this process, ``ddp`` as ``torchrun --nproc_per_node N``
 ranks each taking its own batches and averaging per-task gradients, head gradients and losses in
-one all-reduce before PCGrad (training.distributed). Each process uses one thread. Prints one
+one all-reduce before PCGrad (esp_retrieval.training.distributed). Each process uses one thread. Prints one
 JSON line: median seconds per step of each, the all-reduce's median share, the bytes it moves,
 and ``ratio`` (ddp step / single step; a rank does one rank's work plus the all-reduce, so
 anything above 1 is the data-parallel overhead at this size on this machine).
@@ -32,11 +32,11 @@ sys.path.insert(0, str(ROOT))
 
 def _trainer(model_name: str, batch: int, rank: int, world: int, trunk_dir: str | None):
     from bench.train_step import _parts, objectives_for, tasks_for
-    from training.config import TrainConfig
-    from training.distributed import shard_task
-    from training.features import FeatureStore
-    from training.run import RunParts, build_methods, build_model, default_trunk_path
-    from training.trainer import Trainer
+    from esp_retrieval.training.config import TrainConfig
+    from esp_retrieval.training.distributed import shard_task
+    from esp_retrieval.training.features import FeatureStore
+    from esp_retrieval.training.run import RunParts, build_methods, build_model, default_trunk_path
+    from esp_retrieval.training.trainer import Trainer
 
     datas, classes = _parts(batch)
     path = trunk_dir if model_name == "tiny" else default_trunk_path()
@@ -63,7 +63,7 @@ def worker(args: argparse.Namespace) -> None:
     import torch.distributed as dist
 
     from bench.train_step import time_steps
-    from training.distributed import GradientAllReduce, broadcast_state
+    from esp_retrieval.training.distributed import GradientAllReduce, broadcast_state
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo")
@@ -111,7 +111,7 @@ def main() -> None:
         trunk_dir = None
         if args.model == "tiny":
             from bench.train_step import _parts
-            from training.tiny import save_tiny_bert
+            from esp_retrieval.training.tiny import save_tiny_bert
 
             datas, _ = _parts(args.batch_size)
             trunk_dir = str(save_tiny_bert(Path(tmp) / "bert", datas["semantic"].train.positives[:500]))

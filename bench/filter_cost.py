@@ -1,5 +1,5 @@
 """The cost of a metadata filter's ``in`` on the display text: the old string column against the
-value -> code index of :class:`subspace.filters.MetadataTable`, in the same run; one JSON line.
+value -> code index of :class:`esp_retrieval.subspace.filters.MetadataTable`, in the same run; one JSON line.
 
 The docs are the demo's (the TREC DL passage pool, ``--docs`` of them, as ``text``). ``old`` is
 what the table held before the index: a fixed-width copy of every text (``astype(str)``) and
@@ -30,7 +30,7 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import emit, progress
-from subspace.filters import MAX_IN_VALUES, MetadataSchema, MetadataTable, compile_filter
+from esp_retrieval.subspace.filters import MAX_IN_VALUES, MetadataSchema, MetadataTable, compile_filter
 
 
 def old_column(docs: list[dict[str, Any]]) -> tuple[np.ndarray, np.ndarray]:
@@ -71,7 +71,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.docs, args.repeats = args.docs or 2000, 3
 
-    from training.data.trec import iter_corpus
+    from esp_retrieval.training.data.trec import iter_corpus
 
     docs = [{"text": text} for _, text in iter_corpus(args.data, limit=args.docs)]
     progress(f"{len(docs)} passages; building the tables")

@@ -11,7 +11,7 @@ engine share this machine's cores, so the ratio is a lower bound for a dedicated
 
 Clients: ``raw`` (default), the lean load generator of this bench, sends bodies encoded before
 the clock starts over one keep-alive connection per worker, so nearly all the CPU goes to the
-server: it measures the server. ``httpx`` is the SDK (esp_client) as a caller uses it, on
+server: it measures the server. ``httpx`` is the SDK (esp_retrieval.client) as a caller uses it, on
 httpx's default transport and pool; its own CPU competes with the server for the cores, so it
 measures what a Python caller on the same machine sees. Each level reports the client process's
 CPU per request (``client_cpu_ms_per_request``); README quotes measured figures.
@@ -60,11 +60,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
 from bench import live_server
 from bench._common import median
 from bench.live_server import LiveServer
-from esp_client.client import AsyncESPClient, search_json
-from service.engine import create_engine
-from subspace.bundle import read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.client.client import AsyncESPClient, search_json
+from esp_retrieval.service.engine import create_engine
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 DEFAULT_DIMS = {"semantic": 256, "entity": 96, "intent": 32}
 CLIENTS = ("raw", "httpx")  # load clients (see the module docstring)
@@ -386,6 +386,10 @@ def measure_level(
     return r
 
 
+#: the code folder of a checkout: today's, or before the one-package layout
+LAYOUTS = ("esp_retrieval", "esp_cli")
+
+
 def compare_trees(
     bundle: Path, args: argparse.Namespace, queries: np.ndarray, concurrency: int, tmp: Path
 ) -> dict[str, Any]:
@@ -557,7 +561,7 @@ def main(argv: list[str] | None = None) -> int:
         "--clients",
         default="raw",
         help="load clients, comma-separated: raw (prepared bodies on asyncio streams: the server's "
-        "cost) and/or httpx (the SDK, esp_client, on httpx's default transport: what a Python "
+        "cost) and/or httpx (the SDK, esp_retrieval.client, on httpx's default transport: what a Python "
         "caller sees, its own CPU included)",
     )
     p.add_argument(
@@ -569,8 +573,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = p.parse_args(argv)
     levels: list[int] = args.concurrency
-    if args.against is not None and not (args.against / "esp_cli").is_dir():
-        p.error(f"--against: {args.against} is not a checkout of this repository (no esp_cli/)")
+    if args.against is not None and not any((args.against / d).is_dir() for d in LAYOUTS):
+        p.error(f"--against: {args.against} is not a checkout of this repository (no esp_retrieval/)")
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")
     unknown = set(args.clients.split(",")) - set(CLIENTS)

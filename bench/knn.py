@@ -48,9 +48,9 @@ from bench._common import (
     random_queries,
     reference_topk,
 )
-from service.engine import create_engine
-from subspace.engine.base import Backend
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.engine import create_engine
+from esp_retrieval.subspace.engine.base import Backend
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 256, "entity": 96, "intent": 32})
 EXACT = ("numpy", "torch")

@@ -39,11 +39,11 @@ if __package__ in (None, ""):  # run as a script: make the repository importable
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from bench._common import emit, progress
-from service.engine import create_engine
-from service.engine.cupy_backend import cuda_unavailable_reason
-from subspace.engine.array_scan import ArrayScanBackend
-from subspace.engine.base import Backend
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.engine import create_engine
+from esp_retrieval.service.engine.cupy_backend import cuda_unavailable_reason
+from esp_retrieval.subspace.engine.array_scan import ArrayScanBackend
+from esp_retrieval.subspace.engine.base import Backend
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 256, "entity": 96, "intent": 32})
 BATCHES = (1, 16, 256, 1024)

@@ -1,7 +1,7 @@
 """Run ``esp serve`` (or any HTTP process) on a loopback port: for tests and benchmarks.
 
 One harness instead of one per caller: :func:`start_server` launches
-``python -m esp_cli serve`` on a free port in a subprocess (settings as ``ESP_*``
+``python -m esp_retrieval.cli serve`` on a free port in a subprocess (settings as ``ESP_*``
 variables, inherited ``ESP_*`` removed so the caller's shell cannot leak into a test), waits
 until ``/readyz`` answers 200 and returns a :class:`LiveServer`; :func:`spawn` starts any other
 process (Prometheus, a bare uvicorn app) the same way. Output goes to a log file, quoted when a
@@ -28,6 +28,14 @@ import httpx
 
 #: The folder holding the ``service`` and ``subspace`` packages of this checkout.
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
+
+
+def cli_module(checkout: str | Path | None = None) -> str:
+    """The ``-m`` module of the ``esp`` command in ``checkout`` (default: this one); checkouts
+    from before the one-package layout (docs/architecture.md, section 2) have ``esp_cli/``."""
+    root = SOURCE_ROOT if checkout is None else Path(checkout)
+    old_layout = (root / "esp_cli").is_dir() and not (root / "esp_retrieval").is_dir()
+    return "esp_cli" if old_layout else "esp_retrieval.cli"
 LOOPBACK = "127.0.0.1"
 LOG_TAIL = 3000
 #: While this variable is set, :func:`spawn` refuses to start anything and raises with its value.
@@ -171,7 +179,7 @@ def start_server(
     if registry is not None:
         extra["ESP_REGISTRY"] = str(Path(registry).absolute())
     ref = bundle if isinstance(bundle, str) and "://" in bundle else str(Path(bundle).absolute())
-    cmd = [*wrapper, sys.executable, "-m", "esp_cli", "serve", "--bundle", ref,
+    cmd = [*wrapper, sys.executable, "-m", cli_module(pythonpath), "serve", "--bundle", ref,
            "--host", LOOPBACK, "--port", str(port), *args]
     if pythonpath is not None:
         extra["PYTHONPATH"] = str(Path(pythonpath).absolute())
@@ -192,8 +200,8 @@ def start_milvus_lite(db: Path, log_path: Path, *, ready_timeout: float = 120.0)
     """``esp milvus-lite db`` on a free loopback port (one Milvus Lite file that several processes
     share); returns once it has printed its URI (``url``: the ``ESP_MILVUS_URI`` of its clients)."""
     port = free_port()
-    cmd = [sys.executable, "-m", "esp_cli", "milvus-lite", str(Path(db).absolute()), "--host", LOOPBACK,
-           "--port", str(port)]
+    cmd = [sys.executable, "-m", cli_module(), "milvus-lite", str(Path(db).absolute()),
+           "--host", LOOPBACK, "--port", str(port)]
     started = spawn("esp-milvus-lite", cmd, log_path, f"http://{LOOPBACK}:{port}", env=child_env())
     try:
         started.wait_until(lambda: '"uri"' in started.log(), ready_timeout, "its URI printed")

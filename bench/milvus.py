@@ -56,8 +56,8 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench._common import emit, progress
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 WEIGHT_GRID: list[tuple[float, float, float]] = [
     (1.0, 1.0, 1.0),
@@ -165,9 +165,14 @@ def hybrid_search(client: Any, name: str, layout: SubspaceLayout, limit: int) ->
 def run_size(n: int, args: argparse.Namespace, workdir: Path) -> dict[str, Any]:
     from pymilvus import MilvusClient
 
-    from service.engine.milvus_backend import MilvusBackend, MilvusSettings, batch_rows, load_bundle
-    from subspace.engine.numpy_backend import NumpyBackend
-    from subspace.filters import MetadataSchema
+    from esp_retrieval.service.engine.milvus_backend import (
+        MilvusBackend,
+        MilvusSettings,
+        batch_rows,
+        load_bundle,
+    )
+    from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
+    from esp_retrieval.subspace.filters import MetadataSchema
 
     layout = SubspaceLayout.from_dims(dict(zip(("semantic", "entity", "intent"), args.dims, strict=True)))
     progress(f"n={n}: data (D={layout.dim})")
@@ -320,7 +325,7 @@ def _knobs(index: str, args: argparse.Namespace) -> list[tuple[dict[str, Any], i
 def _reindex(client: Any, collection: str, index: str, params: dict[str, Any], wait: float) -> bool:
     """Replace the vector index and load the collection once the index covers every row; ``False``
     (FLAT restored) when this Milvus does not build ``index`` (Milvus Lite has no HNSW)."""
-    from service.engine.milvus_backend import VECTOR, wait_for_index
+    from esp_retrieval.service.engine.milvus_backend import VECTOR, wait_for_index
 
     client.release_collection(collection)
     client.drop_index(collection, VECTOR)
@@ -343,7 +348,7 @@ def _reindex(client: Any, collection: str, index: str, params: dict[str, Any], w
 
 def _nprobe_honoured(client: Any, collection: str, query: np.ndarray, nlist: int) -> bool:
     """Do nprobe 1 and nprobe = nlist give different hits? (Milvus Lite 2.5.1: the same.)"""
-    from service.engine.milvus_backend import VECTOR
+    from esp_retrieval.service.engine.milvus_backend import VECTOR
 
     hits = [
         client.search(
@@ -383,7 +388,7 @@ def _old_load(
 ) -> None:
     """The load as it was (``insert=False``: upserts of per-row dicts, 2,000 rows each), or the
     same rows inserted ``batch`` at a time: one request in flight."""
-    from service.engine.milvus_backend import entity
+    from esp_retrieval.service.engine.milvus_backend import entity
 
     for s in range(0, len(ids), batch):
         e = min(len(ids), s + batch)
@@ -398,14 +403,14 @@ def _rate(rows: int, seconds: float, **extra: Any) -> dict[str, Any]:
 
 def load_rates(n: int, args: argparse.Namespace, uri: str) -> dict[str, Any]:
     """Rows per second of the three ways of loading, into the same Milvus (module docstring)."""
-    from service.engine.milvus_backend import (
+    from esp_retrieval.service.engine.milvus_backend import (
         MilvusSettings,
         batch_rows,
         connect,
         create_collection,
         load_bundle,
     )
-    from subspace.filters import MetadataSchema
+    from esp_retrieval.subspace.filters import MetadataSchema
 
     layout = SubspaceLayout.from_dims(dict(zip(("semantic", "lexical", "intent"), args.dims, strict=True)))
     progress(f"load n={n}: data (D={layout.dim})")

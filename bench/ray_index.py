@@ -1,7 +1,7 @@
 """Indexing throughput: ``esp index --engine ray`` with 1 and 2 actors against the single process.
 
 One corpus (TREC DL passages), one bundle (the default MiniLM trunk, untrained ESP heads, the
-demo layout: 384 dims), four runs in one session: ``single`` (training.indexing, torch threads =
+demo layout: 384 dims), four runs in one session: ``single`` (esp_retrieval.training.indexing, torch threads =
 --threads), ``single_1thread`` (one core's worth), ``ray_1`` and ``ray_2`` (training.ray_index on a
 local Ray cluster of --cpus CPUs, one thread per actor). For the Ray runs ``texts_per_s`` counts
 from the start of the pipeline (actor start and model load included) and ``steady_texts_per_s``
@@ -30,13 +30,13 @@ sys.path.insert(0, str(ROOT))
 
 
 def _bundle(tmp: Path) -> Path:
-    from training.config import load_config
-    from training.export import export_bundle
-    from training.run import build_model
+    from esp_retrieval.training.config import load_config
+    from esp_retrieval.training.export import export_bundle
+    from esp_retrieval.training.run import build_model
 
     cfg = load_config(ROOT / "configs" / "demo.yaml")
     model = build_model(cfg, ["informational", "navigational", "transactional"])
-    from training.data.trec import iter_corpus
+    from esp_retrieval.training.data.trec import iter_corpus
 
     rows = list(iter_corpus(limit=8))
     return export_bundle(tmp / "bundle", model, [r[0] for r in rows], [r[1] for r in rows], training={},
@@ -54,9 +54,9 @@ def main() -> None:
     import ray
 
     from bench._common import progress
-    from training.data.trec import iter_corpus
-    from training.indexing import index_corpus
-    from training.ray_index import index_corpus_ray
+    from esp_retrieval.training.data.trec import iter_corpus
+    from esp_retrieval.training.indexing import index_corpus
+    from esp_retrieval.training.ray_index import index_corpus_ray
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-ray-index-"))
     bundle = _bundle(tmp)
@@ -81,7 +81,7 @@ def main() -> None:
 
     torch.set_num_threads(args.threads)
 
-    from subspace.bundle import read_bundle
+    from esp_retrieval.subspace.bundle import read_bundle
 
     b = read_bundle(tmp / "single")
     out["bytes_per_doc"] = {

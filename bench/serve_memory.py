@@ -32,10 +32,10 @@ DEMO_DIMS = {"semantic": 384, "entity": 1024, "intent": 32}
 
 
 def build_bundle(out: Path, docs: int) -> Path:
-    from training.data.trec import iter_corpus
-    from training.export import export_bundle
-    from training.model import ESPModel, HeadSpec, Trunk, TrunkMode
-    from training.run import default_trunk_path
+    from esp_retrieval.training.data.trec import iter_corpus
+    from esp_retrieval.training.export import export_bundle
+    from esp_retrieval.training.model import ESPModel, HeadSpec, Trunk, TrunkMode
+    from esp_retrieval.training.run import default_trunk_path
 
     trunk = Trunk.from_pretrained(default_trunk_path(), max_length=128, mode=TrunkMode.parse("frozen"))
     model = ESPModel(

@@ -70,10 +70,10 @@ from bench import live_server
 from bench._common import emit, machine, progress
 from bench.http_load import DEFAULT_DIMS, RawConnection, synthetic_bundle
 from bench.live_server import LiveServer
-from esp_client.client import search_json
-from subspace.atomic import atomic_write_text
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.client.client import search_json
+from esp_retrieval.subspace.atomic import atomic_write_text
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 OP = "soak"  # the operating point every soak request uses (it changes under the run)
 
@@ -457,7 +457,7 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
     else:
         progress(f"synthetic bundles: 2 x {args.docs} docs")
         bundles = [synthetic_bundle(tmp / f"b{s}", args.docs, seed=s, groups=GROUPS) for s in range(2)]
-    from subspace.bundle import read_manifest
+    from esp_retrieval.subspace.bundle import read_manifest
 
     names = [o["name"] for o in read_manifest(bundles[0])["layout"]["objectives"]]
     dim = sum(int(o["dim"]) for o in read_manifest(bundles[0])["layout"]["objectives"])

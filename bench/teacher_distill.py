@@ -41,7 +41,7 @@ from pathlib import Path
 
 import numpy as np
 
-from training.evaluate.benchmark import DLBench, load_dl
+from esp_retrieval.training.evaluate.benchmark import DLBench, load_dl
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 TREC = DATA / "trec-dl-2019-2020-passage"
@@ -99,9 +99,9 @@ def encode(args: argparse.Namespace) -> None:
     """Teacher vectors of the pool, and both models' vectors of the train and eval queries."""
     import torch
 
-    from training.features import pooled_features
-    from training.model import Trunk, TrunkMode
-    from training.run import default_trunk_path
+    from esp_retrieval.training.features import pooled_features
+    from esp_retrieval.training.model import Trunk, TrunkMode
+    from esp_retrieval.training.run import default_trunk_path
 
     torch.set_num_threads(args.threads)
     out = Path(args.out)
@@ -132,7 +132,7 @@ def encode(args: argparse.Namespace) -> None:
 
 
 def _ndcg_entity(bench: DLBench, qids: list[str], scores: np.ndarray) -> tuple[float, float]:
-    from subspace.metrics import ndcg_at_k, precision_at_k
+    from esp_retrieval.subspace.metrics import ndcg_at_k, precision_at_k
 
     year_of = {q: y for y in ("dl19", "dl20") for q in bench.queries[y]}
     top = np.argsort(-scores, axis=1, kind="stable")[:, :10]

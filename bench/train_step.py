@@ -25,9 +25,9 @@ import torch
 
 
 def _parts(batch: int, seed: int = 0):
-    from training.data.objectives import ClassSet, HeldOut, ObjectiveData, PairSet
-    from training.data.orcas import load_orcas
-    from training.data.trec import load_trec
+    from esp_retrieval.training.data.objectives import ClassSet, HeldOut, ObjectiveData, PairSet
+    from esp_retrieval.training.data.orcas import load_orcas
+    from esp_retrieval.training.data.trec import load_trec
 
     trec = load_trec()
     text_of = dict(zip(trec.pids, trec.passages, strict=True))
@@ -64,8 +64,8 @@ def objectives_for(batch: int) -> list[dict[str, Any]]:
 
 def tasks_for(objectives: list[dict[str, Any]], datas: dict[str, Any], batch: int) -> list[Any]:
     """One training task per objective over the data of :func:`_parts`."""
-    from training.losses import build_loss
-    from training.run import Task
+    from esp_retrieval.training.losses import build_loss
+    from esp_retrieval.training.run import Task
 
     return [
         Task(o["name"], datas[o["name"]], build_loss(o["loss"]), batch_size=batch, seed=k,
@@ -88,17 +88,17 @@ def time_steps(tr: Any, steps: int) -> list[float]:
 
 
 def run(model_name: str, steps: int, batch: int, threads: int | None) -> dict:
-    from training.config import TrainConfig
-    from training.features import FeatureStore
-    from training.run import RunParts, build_methods, build_model, default_trunk_path
-    from training.trainer import Trainer
+    from esp_retrieval.training.config import TrainConfig
+    from esp_retrieval.training.features import FeatureStore
+    from esp_retrieval.training.run import RunParts, build_methods, build_model, default_trunk_path
+    from esp_retrieval.training.trainer import Trainer
 
     if threads:
         torch.set_num_threads(threads)
     datas, classes = _parts(batch)
     tmp = None
     if model_name == "tiny":
-        from training.tiny import save_tiny_bert
+        from esp_retrieval.training.tiny import save_tiny_bert
 
         tmp = tempfile.mkdtemp(prefix="bench-tiny-")
         path = str(save_tiny_bert(tmp, datas["semantic"].train.positives[:500]))

@@ -7,7 +7,7 @@ Grafana sidecar (``dashboards.enabled``).
 Panels are data (:class:`Panel` specs grouped in rows); one builder per panel kind turns a
 spec into a foundation-sdk panel. Every query filters on the ``$namespace`` and ``$job``
 variables; tests check each one with ``promtool`` and against the metrics a running service
-really exports (service/metrics.py).
+really exports (esp_retrieval/service/metrics.py).
 """
 
 from __future__ import annotations

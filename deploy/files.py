@@ -6,7 +6,7 @@ import argparse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from subspace.atomic import atomic_write_text
+from esp_retrieval.subspace.atomic import atomic_write_text
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 

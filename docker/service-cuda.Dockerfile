@@ -28,10 +28,11 @@ ARG CUPY_VERSION=14.2.0
 RUN python deploy/pins.py serve > /tmp/serve.txt \
     && pip install -r /tmp/serve.txt "cupy-cuda13x==${CUPY_VERSION}"
 # Code layer.
-COPY subspace subspace
-COPY encoder encoder
-COPY service service
-COPY esp_cli esp_cli
+COPY esp_retrieval/__init__.py esp_retrieval/__init__.py
+COPY esp_retrieval/subspace esp_retrieval/subspace
+COPY esp_retrieval/encoder esp_retrieval/encoder
+COPY esp_retrieval/service esp_retrieval/service
+COPY esp_retrieval/cli esp_retrieval/cli
 RUN pip install --no-deps .
 
 # The bundle with modes any uid can read and only root can change, whatever uid wrote it

@@ -36,16 +36,17 @@ RUN groupadd --system --gid 10001 esp \
 COPY --from=deps /opt/venv /opt/venv
 WORKDIR /app
 # The shipped data and configs: training runs fully offline. The code runs from /app (not
-# installed), because training finds the shipped data beside its package (training/../data).
+# installed), because training finds the shipped data beside its package (esp_retrieval/../data).
 COPY configs configs
 COPY data data
-COPY subspace subspace
-COPY encoder encoder
-COPY training training
-COPY esp_cli esp_cli
+COPY esp_retrieval/__init__.py esp_retrieval/__init__.py
+COPY esp_retrieval/subspace esp_retrieval/subspace
+COPY esp_retrieval/encoder esp_retrieval/encoder
+COPY esp_retrieval/training esp_retrieval/training
+COPY esp_retrieval/cli esp_retrieval/cli
 USER 10001:10001
 VOLUME ["/artifacts"]
 # A batch job, not a server: nothing to probe.
 HEALTHCHECK NONE
-ENTRYPOINT ["python", "-m", "esp_cli"]
+ENTRYPOINT ["python", "-m", "esp_retrieval.cli"]
 CMD ["train", "--config", "configs/demo.yaml", "--out", "/artifacts/demo"]

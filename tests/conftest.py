@@ -91,7 +91,7 @@ TINY_OPERATING_POINTS = {
 @pytest.fixture(scope="session")
 def tiny_corpus() -> tuple[list[str], list[str]]:
     """(ids, texts) of the first 60 passages of the shipped TREC DL corpus."""
-    from training.data.trec import iter_corpus
+    from esp_retrieval.training.data.trec import iter_corpus
 
     rows = list(iter_corpus(limit=TINY_DOCS))
     return [r[0] for r in rows], [r[1] for r in rows]
@@ -100,8 +100,8 @@ def tiny_corpus() -> tuple[list[str], list[str]]:
 @pytest.fixture(scope="session")
 def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Folder with a tiny random BERT + tokenizer; copy it before modifying it."""
-    from training.data.trec import iter_corpus
-    from training.tiny import save_tiny_bert
+    from esp_retrieval.training.data.trec import iter_corpus
+    from esp_retrieval.training.tiny import save_tiny_bert
 
     texts = [t for _, t in iter_corpus(limit=500)]
     return save_tiny_bert(tmp_path_factory.mktemp("tiny-bert"), texts, seed=0)
@@ -109,7 +109,7 @@ def tiny_bert_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def build_tiny_model(bert_dir: Path, *, trunk_mode: str = "frozen", architecture: str = "esp", seed: int = 0):
     """An untrained ESPModel on the tiny BERT with the tiny layout (imported lazily: torch)."""
-    from training.model import ESPModel, Trunk, TrunkMode
+    from esp_retrieval.training.model import ESPModel, Trunk, TrunkMode
 
     trunk = Trunk.from_pretrained(bert_dir, max_length=64, mode=TrunkMode.parse(trunk_mode))
     return ESPModel(
@@ -133,7 +133,7 @@ def tiny_bundle(
     tmp_path_factory: pytest.TempPathFactory, tiny_bert_dir: Path, tiny_corpus: tuple[list[str], list[str]]
 ) -> Path:
     """A valid bundle with an untrained tiny encoder; read-only for tests (use the factory to modify)."""
-    from training.export import export_bundle
+    from esp_retrieval.training.export import export_bundle
 
     ids, texts = tiny_corpus
     model = build_tiny_model(tiny_bert_dir)
@@ -169,8 +169,8 @@ def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     import gzip
     import json
 
-    from training.data import DEFAULT_DATA_DIR
-    from training.data.trec import TREC_DIR, iter_corpus, read_qrels, read_queries
+    from esp_retrieval.training.data import DEFAULT_DATA_DIR
+    from esp_retrieval.training.data.trec import TREC_DIR, iter_corpus, read_qrels, read_queries
 
     src = DEFAULT_DATA_DIR
     root = tmp_path_factory.mktemp("tiny-data")
@@ -214,7 +214,7 @@ def tiny_data_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def tiny_train_config(data_dir: Path, bert_dir: Path, **overrides):
     """A TrainConfig for second-scale runs on ``tiny_data_dir`` with the tiny BERT."""
-    from training.config import TrainConfig
+    from esp_retrieval.training.config import TrainConfig
 
     base = {
         "data_dir": str(data_dir),

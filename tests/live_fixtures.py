@@ -1,6 +1,6 @@
 """Live-server fixtures (a plugin of ``tests/conftest.py``): bundles built in the test, and the real server (uvicorn via ``esp serve``).
 
-``server_factory(bundle, **settings)`` launches ``python -m esp_cli serve`` on a free
+``server_factory(bundle, **settings)`` launches ``python -m esp_retrieval.cli serve`` on a free
 loopback port in a subprocess (:func:`bench.live_server.start_server`), waits for ``/readyz``
 and returns a :class:`LiveServer` (``url``, ``log()``, ``stop()``); the servers it started stop
 when the test ends. ``module_server_factory`` is the same for module-scoped fixtures (stopped
@@ -27,9 +27,9 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer, start_server
-from subspace.bundle import read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 REGISTRY_DOC: dict[str, Any] = {
     "version": 1,
@@ -179,8 +179,8 @@ def rebundle(src: Path, out: Path, *, seed: int, corrupt: bool = False) -> Path:
 
 def with_bm25(src: Path, out: Path, *, weight: float = 0.3) -> Path:
     """``src`` (layout, ids, docs, encoder, operating points, embeddings) plus a sparse BM25 block
-    ``bm25`` over its passages (``training.sparse_lexical``), default weight ``weight``."""
-    from training.sparse_lexical import build_bm25
+    ``bm25`` over its passages (``esp_retrieval.training.sparse_lexical``), default weight ``weight``."""
+    from esp_retrieval.training.sparse_lexical import build_bm25
 
     b = read_bundle(src)
     docs = b.docs()

@@ -16,16 +16,26 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGES = ("subspace", "encoder", "training", "service", "esp_client", "esp_cli", "bench", "deploy")
+NS = "esp_retrieval"  # the one top-level package the distribution installs
+SRC = ROOT / NS
+#: the packages, as module names; bench/ and deploy/ are repository folders, never installed
+PACKAGES = (*(f"{NS}.{p}" for p in ("subspace", "encoder", "training", "service", "client", "cli")), "bench", "deploy")
 
+SUBSPACE, ENCODER, TRAINING, SERVICE, CLIENT, CLI = PACKAGES[:6]
 #: package -> what it must never import (ours and third-party top-level names)
 FORBIDDEN: dict[str, set[str]] = {
-    "subspace": {"encoder", "training", "service", "esp_client", "esp_cli", "torch", "fastapi", "starlette"},
-    "encoder": {"training", "service", "esp_client", "esp_cli", "fastapi"},
-    "training": {"service", "esp_client", "esp_cli", "fastapi"},
-    "service": {"training", "esp_client", "esp_cli"},
-    "esp_client": {"subspace", "encoder", "training", "service", "esp_cli", "torch", "fastapi"},
+    SUBSPACE: {ENCODER, TRAINING, SERVICE, CLIENT, CLI, "torch", "fastapi", "starlette"},
+    ENCODER: {TRAINING, SERVICE, CLIENT, CLI, "fastapi"},
+    TRAINING: {SERVICE, CLIENT, CLI, "fastapi"},
+    SERVICE: {TRAINING, CLIENT, CLI},
+    CLIENT: {SUBSPACE, ENCODER, TRAINING, SERVICE, CLI, "torch", "fastapi"},
 }
+
+
+def top(name: str) -> str:
+    """The package a module name belongs to: ``esp_retrieval.<package>``, or a top-level name."""
+    parts = name.split(".")
+    return ".".join(parts[:2]) if parts[0] == NS else parts[0]
 
 
 def module_name(path: Path) -> str:
@@ -39,7 +49,7 @@ def project_modules() -> dict[str, Path]:
     return {
         module_name(p): p
         for pkg in PACKAGES
-        for p in sorted((ROOT / pkg).rglob("*.py"))
+        for p in sorted((ROOT / pkg.replace(".", "/")).rglob("*.py"))
         if "__pycache__" not in p.parts
     }
 
@@ -70,9 +80,9 @@ def graph() -> dict[str, set[str]]:
 
 def test_the_graph_sees_the_packages() -> None:
     g = graph()
-    assert "esp_cli.main" in g
-    assert "subspace.layout" in g["service.state"] or any(m.startswith("subspace.") for m in g["service.state"])
-    assert "training.trainer" in g["esp_cli.train"] or any(m.startswith("training.") for m in g["esp_cli.train"])
+    assert "esp_retrieval.cli.main" in g
+    assert "esp_retrieval.subspace.layout" in g["esp_retrieval.service.state"]
+    assert "esp_retrieval.training.trainer" in g["esp_retrieval.cli.train"]
 
 
 @pytest.mark.parametrize("package", sorted(FORBIDDEN))
@@ -83,7 +93,7 @@ def test_layer_never_imports_what_sits_above_it(package: str) -> None:
         for name, path in mods.items()
         if name == package or name.startswith(package + ".")
         for imp in imports_of(name, path)
-        if imp.split(".")[0] in FORBIDDEN[package]
+        if top(imp) in FORBIDDEN[package]
     )
     assert not bad, "\n".join(bad)
 
@@ -97,11 +107,11 @@ def test_no_import_cycle() -> None:
 
 def test_importing_the_core_loads_neither_torch_nor_fastapi() -> None:
     """The runtime view of the same rule: every subspace module imported in a fresh process."""
-    names = [n for n in project_modules() if n == "subspace" or n.startswith("subspace.")]
+    names = [n for n in project_modules() if top(n) == SUBSPACE]
     code = (
         "import importlib, sys\n"
         f"for n in {names!r}: importlib.import_module(n)\n"
-        "print(sorted(m for m in ('torch', 'fastapi', 'starlette', 'service', 'training') if m in sys.modules))"
+        f"print(sorted(m for m in ('torch', 'fastapi', 'starlette', {SERVICE!r}, {TRAINING!r}) if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
@@ -113,16 +123,16 @@ TESTS = ROOT / "tests"
 
 
 def test_every_test_folder_mirrors_a_package_folder() -> None:
-    """``tests/<path>/`` exists only where ``<path>/`` is a package folder of the project."""
+    """``tests/<path>/`` exists only where ``esp_retrieval/<path>/`` (or ``bench/``, ``deploy/``) is a package folder."""
     folders = [p.parent.relative_to(TESTS) for p in TESTS.rglob("__init__.py") if p.parent != TESTS]
     assert folders, "no test packages found"
-    unmirrored = [str(f) for f in folders if not (ROOT / f / "__init__.py").is_file()]
+    unmirrored = [str(f) for f in folders if not any((r / f / "__init__.py").is_file() for r in (SRC, ROOT))]
     assert unmirrored == [], f"test folders without a package of the same path: {unmirrored}"
 
 
 def test_each_tested_package_folder_has_its_test_folder() -> None:
     """Every sub-package of the service and the engine core has ``tests/<its path>/``."""
-    wings = [p.parent.relative_to(ROOT) for pkg in ("service", "subspace") for p in (ROOT / pkg).glob("*/__init__.py")]
+    wings = [p.parent.relative_to(SRC) for pkg in ("service", "subspace") for p in (SRC / pkg).glob("*/__init__.py")]
     untested = [str(w) for w in wings if w.name != "ui" and not (TESTS / w / "__init__.py").is_file()]
     assert untested == [], f"packages without a mirrored test folder: {untested}"
 
@@ -130,9 +140,9 @@ def test_each_tested_package_folder_has_its_test_folder() -> None:
 @pytest.mark.parametrize(
     ("registry", "tests"),
     [
-        ("training.losses:LOSSES", ["training/test_losses.py"]),
-        ("training.weighting:WEIGHTINGS", ["training/test_weighting.py", "training/test_weighting_uncertainty.py"]),
-        ("training.surgery:SURGERIES", ["training/test_surgery.py"]),
+        ("esp_retrieval.training.losses:LOSSES", ["training/test_losses.py"]),
+        ("esp_retrieval.training.weighting:WEIGHTINGS", ["training/test_weighting.py", "training/test_weighting_uncertainty.py"]),
+        ("esp_retrieval.training.surgery:SURGERIES", ["training/test_surgery.py"]),
     ],
 )
 def test_every_registered_method_is_named_in_its_test_file(registry: str, tests: list[str]) -> None:
@@ -146,7 +156,7 @@ def test_every_registered_method_is_named_in_its_test_file(registry: str, tests:
 
 
 def test_every_subcommand_is_run_by_some_test() -> None:
-    from esp_cli.main import COMMANDS
+    from esp_retrieval.cli.main import COMMANDS
 
     text = "".join(p.read_text() for p in TESTS.rglob("test_*.py"))
     assert [c for c in COMMANDS if f'"{c}"' not in text] == []

@@ -13,7 +13,7 @@ from bench import ann
 def test_ann_bench_prints_one_json_line_with_its_keys(
     tiny_bundle: Path, tiny_data_dir: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from training.data.trec import TREC_DIR
+    from esp_retrieval.training.data.trec import TREC_DIR
 
     data = str(tiny_data_dir / TREC_DIR)
     # --exact-below 0: time the probing itself (at 3000 rows the backend would take the exact scan)

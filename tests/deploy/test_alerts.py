@@ -6,7 +6,7 @@ import subprocess
 
 import pytest
 
-from service.metrics import METRIC_NAMES
+from esp_retrieval.service.metrics import METRIC_NAMES
 from tests.deploy.support import ALERT_TESTS, RULES_FILE, alert_rules, series_names, tool
 
 PROMTOOL = tool("promtool")

@@ -14,11 +14,11 @@ import pytest
 import yaml
 
 from deploy.chart import CHART_DIR, documents, is_hook, render, scenario_values, scenarios
-from esp_cli import fetch_bundle
-from service.engine import AUTO_ORDER
-from service.tuning.loader import parse_text
-from service.tuning.model import Registry
-from subspace.layout import SubspaceLayout
+from esp_retrieval.cli import fetch_bundle
+from esp_retrieval.service.engine import AUTO_ORDER
+from esp_retrieval.service.tuning.loader import parse_text
+from esp_retrieval.service.tuning.model import Registry
+from esp_retrieval.subspace.layout import SubspaceLayout
 from tests.deploy.support import DASHBOARD_FILES, KUBE_VERSIONS, RULES_FILE, validate_object
 
 SCENARIOS = ["default", *scenarios()]
@@ -255,7 +255,7 @@ def test_remote_bundle_is_fetched_by_an_init_container_with_credentials_from_a_s
 
 
 def test_remote_bundle_fetched_in_process_is_the_servers_bundle_uri(monkeypatch: pytest.MonkeyPatch) -> None:
-    from service.config import Settings
+    from esp_retrieval.service.config import Settings
 
     values = scenario_values("remote")
     values["bundle"]["remote"]["fetch"] = "inProcess"
@@ -341,7 +341,7 @@ def test_a_disruption_budget_only_where_it_can_protect_something() -> None:
 
 
 def test_the_hpa_can_scale_on_the_services_queue_depth() -> None:
-    from service.metrics import METRIC_NAMES
+    from esp_retrieval.service.metrics import METRIC_NAMES
 
     hpa = objects(scenario_values("monitoring"))[("HorizontalPodAutoscaler", "esp-retrieval")]
     pods = [m["pods"] for m in hpa["spec"]["metrics"] if m["type"] == "Pods"]

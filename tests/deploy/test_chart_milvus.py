@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from deploy.chart import CHART_DIR, documents, render, scenario_values
-from service.engine.milvus_backend import MilvusSettings
+from esp_retrieval.service.engine.milvus_backend import MilvusSettings
 
 MILVUS_VALUES = CHART_DIR.parent / "milvus" / "cluster-values.yaml"
 

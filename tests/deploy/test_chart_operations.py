@@ -12,7 +12,7 @@ import pytest
 
 from bench.live_server import LiveServer
 from deploy.chart import documents, is_hook, render, scenario_values
-from service.config import Settings
+from esp_retrieval.service.config import Settings
 
 
 def objects(values: dict[str, Any] | None = None) -> dict[tuple[str, str], dict[str, Any]]:

@@ -11,7 +11,7 @@ import pytest
 
 from deploy import dashboards
 from deploy.files import drift
-from service.metrics import METRIC_NAMES
+from esp_retrieval.service.metrics import METRIC_NAMES
 from tests.deploy.support import (
     DASHBOARD_FILES,
     dashboard_panels,

@@ -65,7 +65,7 @@ def test_dependencies_before_code_and_non_root(path: Path) -> None:
     user = [args for word, args in final_stage if word == "USER"]
     assert user and not user[-1].startswith(("root", "0")), "the final stage must run as a non-root user"
     copies = [args for word, args in steps if word == "COPY"]
-    first_code = next(i for i, a in enumerate(copies) if re.match(r"^(--\S+ )*(subspace|service|training)\b", a))
+    first_code = next(i for i, a in enumerate(copies) if re.match(r"^(--\S+ )*esp_retrieval\b", a))
     first_pins = next(i for i, a in enumerate(copies) if "requirements.txt" in a)
     assert first_pins < first_code, "the dependency layer must come before the code"
     runs = " ".join(args for word, args in steps if word == "RUN")

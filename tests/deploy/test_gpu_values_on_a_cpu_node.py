@@ -15,8 +15,8 @@ import pytest
 
 from bench.live_server import start_server
 from deploy.chart import documents, render, scenario_values
-from service.engine import AUTO_ORDER
-from service.engine.cupy_backend import cuda_unavailable_reason
+from esp_retrieval.service.engine import AUTO_ORDER
+from esp_retrieval.service.engine.cupy_backend import cuda_unavailable_reason
 
 # set by the harness itself (loopback address, a free port, the test's bundle)
 _HARNESS = {"ESP_HOST", "ESP_PORT", "ESP_BUNDLE"}

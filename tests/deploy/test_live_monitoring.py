@@ -10,7 +10,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from service.metrics import METRIC_NAMES
+from esp_retrieval.service.metrics import METRIC_NAMES
 from tests.deploy.live import Process, query, start_prometheus, start_service
 from tests.deploy.support import (
     alert_rules,
@@ -68,7 +68,7 @@ def test_every_metric_used_by_dashboards_and_alerts_is_exported(service: Process
     used = {name for _, _, expr in dashboard_targets() for name in series_names(expr)}
     used |= {name for rule in alert_rules() for name in series_names(rule["expr"])}
     assert used and not used - exported.keys(), sorted(used - exported.keys())
-    for name in METRIC_NAMES:  # service/metrics.py's list is what the server really serves
+    for name in METRIC_NAMES:  # esp_retrieval/service/metrics.py's list is what the server really serves
         assert name in exported or f"{name}_bucket" in exported, name
 
 

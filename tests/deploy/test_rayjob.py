@@ -62,11 +62,11 @@ def test_validation_is_strict(mutate) -> None:
 
 
 def test_entrypoint_is_an_esp_index_ray_command_on_shared_storage() -> None:
-    from esp_cli import index
+    from esp_retrieval.cli import index
 
     doc = _doc()
     argv = shlex.split(doc["spec"]["entrypoint"])
-    assert argv[:4] == ["python", "-m", "esp_cli", "index"]
+    assert argv[:4] == ["python", "-m", "esp_retrieval.cli", "index"]
     import argparse
 
     parser = argparse.ArgumentParser()

@@ -1,6 +1,6 @@
 """The settings table (docs/settings.md) and the Helm chart follow the settings classes.
 
-The table is generated from ``service.config.Settings`` and ``MilvusSettings``
+The table is generated from ``esp_retrieval.service.config.Settings`` and ``MilvusSettings``
 (``python -m deploy.settings_doc``): it fails here when it drifts from them. Every setting has
 a place in the chart (``deploy.settings_doc.HELM``), and the chart renders each one into the
 pod's environment with the value given (rendered here, value by value). Every ``ESP_*`` name
@@ -141,8 +141,8 @@ def _mentions() -> dict[str, set[str]]:
     files = [
         REPO_ROOT / "README.md",
         *(REPO_ROOT / "docs").glob("*.md"),
-        *(REPO_ROOT / "service").rglob("*.py"),
-        *(REPO_ROOT / "esp_cli").glob("*.py"),
+        *(REPO_ROOT / "esp_retrieval" / "service").rglob("*.py"),
+        *(REPO_ROOT / "esp_retrieval" / "cli").glob("*.py"),
         *(p for p in CHART_DIR.rglob("*") if p.is_file() and p.suffix in {".yaml", ".md", ".tpl", ".txt", ".json"}),
         *(REPO_ROOT / "k8s-manifests").rglob("*.yaml"),
         *(REPO_ROOT / "docker").glob("*Dockerfile*"),

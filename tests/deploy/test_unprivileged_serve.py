@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from bench.live_server import start_server
-from esp_client.client import ESPClient, ESPError
+from esp_retrieval.client.client import ESPClient, ESPError
 
 NOBODY = 65534
 SETPRIV = shutil.which("setpriv")

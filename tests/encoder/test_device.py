@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import torch
 
-from encoder import EncoderError, QueryEncoder
-from encoder.query_encoder import resolve_device
-from subspace.bundle import read_bundle
+from esp_retrieval.encoder import EncoderError, QueryEncoder
+from esp_retrieval.encoder.query_encoder import resolve_device
+from esp_retrieval.subspace.bundle import read_bundle
 
 
 def _cuda(monkeypatch: pytest.MonkeyPatch, present: bool, count: int = 1) -> None:

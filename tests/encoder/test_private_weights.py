@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from encoder import EncoderError, QueryEncoder
-from subspace import encoder_format
-from subspace.bundle import read_bundle
+from esp_retrieval.encoder import EncoderError, QueryEncoder
+from esp_retrieval.subspace import encoder_format
+from esp_retrieval.subspace.bundle import read_bundle
 
 CHANGES = ("edit", "truncate")
 
@@ -40,7 +40,7 @@ VICTIM = r"""
 import json, sys
 from pathlib import Path
 import numpy as np
-from encoder import QueryEncoder
+from esp_retrieval.encoder import QueryEncoder
 from tests.encoder.test_private_weights import CHANGES, tamper
 
 root = Path(sys.argv[1])

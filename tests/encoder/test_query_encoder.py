@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from encoder import EncoderError, QueryEncoder
-from subspace import encoder_format
-from subspace.bundle import read_bundle
+from esp_retrieval.encoder import EncoderError, QueryEncoder
+from esp_retrieval.subspace import encoder_format
+from esp_retrieval.subspace.bundle import read_bundle
 from tests.conftest import TINY_INTENT_CLASSES
 
 

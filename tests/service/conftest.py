@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 from fastapi import FastAPI
 
-from subspace.bundle import write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 
 @pytest.fixture

@@ -9,9 +9,9 @@ import pytest
 from fastapi.testclient import TestClient
 
 from bench.live_server import LiveServer
-from esp_client.client import ESPClient, ESPError
-from service.app import create_app
-from service.config import Settings
+from esp_retrieval.client.client import ESPClient, ESPError
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
 from tests.live_fixtures import rebundle
 
 

@@ -11,14 +11,14 @@ import numpy as np
 import pytest
 
 from bench.live_server import start_server
-from esp_cli.main import main as esp
-from service.config import Settings
-from service.engine import create_engine
-from service.engine.ann import ivf_options
-from service.state import load_state
-from subspace.bundle import BundleError, content_version, read_bundle, sha256_file
-from subspace.engine.ivf import IvfBackend
-from subspace.engine.ivf_index import IvfIndexError, add_index_to_bundle, bundle_index_dir
+from esp_retrieval.cli.main import main as esp
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.engine import create_engine
+from esp_retrieval.service.engine.ann import ivf_options
+from esp_retrieval.service.state import load_state
+from esp_retrieval.subspace.bundle import BundleError, content_version, read_bundle, sha256_file
+from esp_retrieval.subspace.engine.ivf import IvfBackend
+from esp_retrieval.subspace.engine.ivf_index import IvfIndexError, add_index_to_bundle, bundle_index_dir
 from tests.live_fixtures import SERVER_DEFAULTS
 
 

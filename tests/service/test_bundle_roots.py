@@ -14,13 +14,13 @@ import pytest
 from fastapi.testclient import TestClient
 from pydantic import ValidationError
 
-from service.app import create_app
-from service.bundle_roots import BundleRootError, check_bundle_source, parse_roots
-from service.config import Settings
-from service.rollout import manifest_sha256
-from subspace.bundle import write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.bundle_roots import BundleRootError, check_bundle_source, parse_roots
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.rollout import manifest_sha256
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 AUTH = {"Authorization": "Bearer t0ken"}

@@ -16,12 +16,12 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from service.config import Settings
-from service.lifecycle import check_encoder_kept
-from service.state import load_state
-from subspace.bundle import EMBEDDINGS, BundleError, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.lifecycle import check_encoder_kept
+from esp_retrieval.service.state import load_state
+from esp_retrieval.subspace.bundle import EMBEDDINGS, BundleError, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 from tests.encoder.test_private_weights import CHANGES, tamper
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
@@ -51,7 +51,7 @@ def test_a_bundle_others_may_write_is_refused_or_warned(tmp_path: Path, caplog: 
     os.chmod(path / EMBEDDINGS, 0o666)
     with pytest.raises(BundleError, match="'embeddings.npy': writable by group or others"):
         load_state(path, _settings())
-    with caplog.at_level(logging.WARNING, logger="service.state"):
+    with caplog.at_level(logging.WARNING, logger="esp_retrieval.service.state"):
         state = load_state(path, _settings(bundle_permissions="warn"))
     assert "writable by group or others" in caplog.text
     state.retire()

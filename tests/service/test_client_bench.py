@@ -10,8 +10,8 @@ import pytest
 
 from bench.http_load import CLIENTS, load_level, main
 from bench.live_server import LiveServer
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 
 def test_httpx_client_serves_every_request_and_reports_its_cpu(

@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.engine import create_engine
-from service.state import ServingState
-from subspace.bundle import read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.engine import create_engine
+from esp_retrieval.service.state import ServingState
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"a": 8, "b": 8})
 

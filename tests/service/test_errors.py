@@ -6,10 +6,10 @@ import json
 
 import pytest
 
-from service import errors
-from subspace.bundle import BundleError
-from subspace.errors import FieldError
-from subspace.weights import WeightError
+from esp_retrieval.service import errors
+from esp_retrieval.subspace.bundle import BundleError
+from esp_retrieval.subspace.errors import FieldError
+from esp_retrieval.subspace.weights import WeightError
 
 
 @pytest.mark.parametrize(
@@ -52,7 +52,7 @@ def test_the_response_carries_message_field_and_headers() -> None:
 def test_every_status_answered_below_the_app_has_its_own_kind_in_the_one_table() -> None:
     """408 and 431 (the HTTP protocol's) are kinds of the table with their own status, not
     ``bad_request`` (400); the writer below the app takes the status from the table."""
-    from service.errors import STATUS, ErrorKind, encoded_error, kind_for_status
+    from esp_retrieval.service.errors import STATUS, ErrorKind, encoded_error, kind_for_status
 
     for status in (400, 408, 413, 429, 431, 503):
         kind = kind_for_status(status)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from service.config import Settings
-from service.exposure import ExposureLog, hashed_unit, unit_sampled
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.exposure import ExposureLog, hashed_unit, unit_sampled
 from tests.live_fixtures import vectors_only
 
 SALT = "exp-salt"
@@ -117,7 +117,7 @@ def test_without_a_salt_a_random_one_is_generated_at_the_first_start_and_kept(
 ) -> None:
     """An empty salt would let anyone recover a unit id from a record: ``sha256(":" + guess)``."""
     settings = Settings(exposure_log="file", exposure_log_path=tmp_path / "logs" / "exposure.jsonl")
-    with caplog.at_level(logging.WARNING, logger="service.exposure"):
+    with caplog.at_level(logging.WARNING, logger="esp_retrieval.service.exposure"):
         first = _hashed(settings)
     assert first != hashed_unit("user-42", "")
     salt_file = tmp_path / "logs" / "exposure.jsonl.salt"
@@ -125,7 +125,7 @@ def test_without_a_salt_a_random_one_is_generated_at_the_first_start_and_kept(
     assert stat.S_IMODE(salt_file.stat().st_mode) == 0o600
     assert "ESP_EXPOSURE_SALT is not set" in caplog.text and "generated now" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="service.exposure"):
+    with caplog.at_level(logging.WARNING, logger="esp_retrieval.service.exposure"):
         assert _hashed(settings) == first  # the next start keeps it: records still join by unit
     assert "kept in" in caplog.text and "generated" not in caplog.text
     own = tmp_path / "salt"
@@ -137,12 +137,12 @@ def test_without_a_salt_a_random_one_is_generated_at_the_first_start_and_kept(
 def test_stdout_without_a_salt_file_hashes_with_a_salt_of_the_process(
     caplog: pytest.LogCaptureFixture, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.exposure"):
+    with caplog.at_level(logging.WARNING, logger="esp_retrieval.service.exposure"):
         one, two = _hashed(Settings(exposure_log="stdout")), _hashed(Settings(exposure_log="stdout"))
     assert hashed_unit("user-42", "") not in (one, two) and one != two
     assert "hashes change at every start" in caplog.text
     caplog.clear()
-    with caplog.at_level(logging.WARNING, logger="service.exposure"):
+    with caplog.at_level(logging.WARNING, logger="esp_retrieval.service.exposure"):
         assert _hashed(Settings(exposure_log="stdout", exposure_salt=SALT)) == hashed_unit("user-42", SALT)
     # a set salt: nothing to warn about (the exposure records themselves are INFO lines of their own
     # logger, captured too when an earlier test left the root logger at INFO)

@@ -1,4 +1,4 @@
-"""The start-up heap is frozen once (service.heap), and that does not keep a retired bundle alive:
+"""The start-up heap is frozen once (esp_retrieval.service.heap), and that does not keep a retired bundle alive:
 frozen objects are skipped by the cyclic collector, so a reference cycle in a served state would
 outlive its retirement; the first bundle, frozen with the start-up heap, must still be freed."""
 
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service import heap
-from service.app import create_app
-from service.config import Settings
+from esp_retrieval.service import heap
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
 
 
 @pytest.fixture(autouse=True)

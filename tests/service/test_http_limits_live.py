@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from subspace.bundle import write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 WAIT = 20.0  # socket timeout: far above the 1 s limits under test, so only a missing answer trips it

@@ -10,8 +10,8 @@ import pytest
 
 from bench.http_load import RawConnection, check_search, load_level
 from bench.live_server import LiveServer
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 
 @pytest.mark.parametrize(("client", "per_request"), [("raw", 1), ("raw", 3), ("httpx", 1), ("httpx", 2)])

@@ -11,8 +11,8 @@ from pathlib import Path
 import httpx
 
 from bench.live_server import LiveServer
-from service.logs import redact_path
-from service.metrics import PROCESS_METRIC_NAMES
+from esp_retrieval.service.logs import redact_path
+from esp_retrieval.service.metrics import PROCESS_METRIC_NAMES
 from tests.live_fixtures import vectors_only
 
 
@@ -50,7 +50,7 @@ def test_json_lines_carry_the_request_id_the_response_echoes(vectors_served: Liv
     assert access_line(made)["path"] == "/v1/layout"
     assert access_line(missing.headers["x-request-id"])["status"] == 422
     # the service's own lines (bundle loading) are JSON too, outside any request
-    assert any(x["logger"].startswith("service.") and x["request_id"] is None for x in _records(vectors_served))
+    assert any(x["logger"].startswith("esp_retrieval.service.") and x["request_id"] is None for x in _records(vectors_served))
 
 
 def test_no_unit_id_reaches_the_access_log(vectors_served: LiveServer) -> None:
@@ -90,4 +90,4 @@ def test_text_format_for_a_terminal(
     lines = server.log().splitlines()
     mine = [x for x in lines if "[plain-7]" in x]
     assert mine and "GET /readyz" in mine[0] and not mine[0].startswith("{")
-    assert any(" INFO service." in x and "[-]" in x for x in lines)
+    assert any(" INFO esp_retrieval.service." in x and "[-]" in x for x in lines)

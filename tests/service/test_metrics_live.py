@@ -1,4 +1,4 @@
-"""``/metrics`` exposes every series of service.metrics.METRIC_NAMES after a few requests."""
+"""``/metrics`` exposes every series of esp_retrieval.service.metrics.METRIC_NAMES after a few requests."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from bench.live_server import LiveServer
-from esp_client.client import ESPClient, ESPError
-from service.metrics import METRIC_NAMES
+from esp_retrieval.client.client import ESPClient, ESPError
+from esp_retrieval.service.metrics import METRIC_NAMES
 
 
 def _families(text: str) -> dict[str, list]:

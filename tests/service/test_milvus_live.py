@@ -19,8 +19,8 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer, child_env, start_milvus_lite, start_server
-from subspace.bundle import read_bundle, write_bundle
-from subspace.scoring import normalize_blocks, reference_scores
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
 from tests.live_fixtures import SERVER_DEFAULTS
 
 pytest.importorskip("pymilvus")
@@ -64,7 +64,7 @@ def milvus_bundle(tiny_bundle: Path, tmp_path_factory: pytest.TempPathFactory) -
 
 
 def _load(bundle: Path, uri: Path | str) -> dict[str, Any]:
-    cmd = [sys.executable, "-m", "esp_cli", "milvus-load", str(bundle), "--uri", str(uri), "--no-progress"]
+    cmd = [sys.executable, "-m", "esp_retrieval.cli", "milvus-load", str(bundle), "--uri", str(uri), "--no-progress"]
     done = subprocess.run(cmd, capture_output=True, text=True, env=child_env(), timeout=300, check=False)
     assert done.returncode == 0, done.stderr[-3000:]
     return json.loads(done.stdout)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from service.app import create_app
-from service.config import Settings
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
 
 SNAPSHOT = Path(__file__).with_name("openapi.json")
 

@@ -11,8 +11,8 @@ import re
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.config import Settings
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
 
 PAGES = ["/ui", "/ui/app.js", "/docs", "/redoc", "/docs/oauth2-redirect"]
 

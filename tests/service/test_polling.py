@@ -1,4 +1,4 @@
-"""service.polling.Poller: checks repeat until stopped, a failing check does not end the loop,
+"""esp_retrieval.service.polling.Poller: checks repeat until stopped, a failing check does not end the loop,
 the first check runs at once or after one interval, start is idempotent and stop waits."""
 
 import asyncio
@@ -6,7 +6,7 @@ import logging
 
 import pytest
 
-from service.polling import Poller
+from esp_retrieval.service.polling import Poller
 
 
 def _run_until(poller: Poller, calls: list[str], count: int, seconds: float) -> None:
@@ -35,7 +35,7 @@ def test_a_failing_check_is_logged_and_the_loop_goes_on(caplog: pytest.LogCaptur
             raise RuntimeError("bad poll")
 
     poller = Poller("test-poller", check, what="test check", check_first=True)
-    with caplog.at_level(logging.ERROR, logger="service.polling"):
+    with caplog.at_level(logging.ERROR, logger="esp_retrieval.service.polling"):
         _run_until(poller, calls, 3, 0.001)
     assert len(calls) >= 3
     assert [r.getMessage() for r in caplog.records] == ["test check failed"]

@@ -17,9 +17,9 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from esp_client.client import ESPClient
-from subspace.bundle import read_bundle, write_bundle
-from subspace.scoring import normalize_blocks
+from esp_retrieval.client.client import ESPClient
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 ROWS = 60_000
 WARM_RELOADS = 3

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from esp_client.client import AsyncESPClient, ESPClient, ESPError
-from subspace.bundle import read_bundle
+from esp_retrieval.client.client import AsyncESPClient, ESPClient, ESPError
+from esp_retrieval.subspace.bundle import read_bundle
 from tests.live_fixtures import rebundle
 
 CONCURRENCY = 12

@@ -1,4 +1,4 @@
-"""Bundles from object storage (service/remote_bundle.py): fetched by fsspec URI into a cache,
+"""Bundles from object storage (esp_retrieval/service/remote_bundle.py): fetched by fsspec URI into a cache,
 the manifest's digest checked before anything else is fetched, every file checked as it arrives;
 fsspec's memory and local filesystems and a loopback HTTP server stand in for a bucket."""
 
@@ -17,12 +17,18 @@ import fsspec
 import numpy as np
 import pytest
 
-from esp_cli.main import main
-from service.config import Settings
-from service.remote_bundle import BundleFetchError, fetch_bundle, is_uri, prune_cache, remote_manifest_sha256
-from subspace.bundle import MANIFEST, read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.cli.main import main
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.remote_bundle import (
+    BundleFetchError,
+    fetch_bundle,
+    is_uri,
+    prune_cache,
+    remote_manifest_sha256,
+)
+from esp_retrieval.subspace.bundle import MANIFEST, read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 
@@ -172,7 +178,7 @@ def test_a_live_server_serves_a_bundle_by_url_and_keeps_it_when_a_digest_is_wron
     a wrong digest is refused (the served bundle kept), the right one is rolled out."""
     import httpx
 
-    from subspace.atomic import atomic_write_text
+    from esp_retrieval.subspace.atomic import atomic_write_text
     from tests.live_fixtures import REGISTRY_DOC, vectors_only
 
     url, www = http_root

@@ -19,11 +19,11 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.config import Settings
-from subspace.bundle import write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 TOKEN = "limits-token"
@@ -157,10 +157,10 @@ def test_a_newline_in_a_reload_path_does_not_forge_log_lines(
     client: TestClient, caplog: pytest.LogCaptureFixture
 ) -> None:
     path = "/nowhere\nERROR forged line"
-    with caplog.at_level(logging.INFO, logger="service.lifecycle"):
+    with caplog.at_level(logging.INFO, logger="esp_retrieval.service.lifecycle"):
         r = client.post("/v1/admin/reload", json={"path": path}, headers={"authorization": f"Bearer {TOKEN}"})
     assert r.status_code == 409
-    lines = [rec.getMessage() for rec in caplog.records if rec.name == "service.lifecycle"]
+    lines = [rec.getMessage() for rec in caplog.records if rec.name == "esp_retrieval.service.lifecycle"]
     assert lines and all("\n" not in line for line in lines)
     assert any("\\nERROR forged line" in line for line in lines)
 

@@ -13,9 +13,9 @@ import httpx
 import pytest
 
 from bench.live_server import LiveServer
-from service.rollout import manifest_sha256
-from subspace.atomic import atomic_write_text
-from subspace.bundle import read_bundle
+from esp_retrieval.service.rollout import manifest_sha256
+from esp_retrieval.subspace.atomic import atomic_write_text
+from esp_retrieval.subspace.bundle import read_bundle
 from tests.live_fixtures import REGISTRY_DOC, vectors_only
 
 POLL = 0.5

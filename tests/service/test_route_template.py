@@ -8,9 +8,9 @@ from typing import Any, NoReturn
 
 import pytest
 
-from service.app import create_app
-from service.config import Settings
-from service.middleware import UNMATCHED, route_template
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.middleware import UNMATCHED, route_template
 
 
 def _scope(app: Any, path: str) -> dict[str, Any]:

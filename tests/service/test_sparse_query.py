@@ -1,7 +1,7 @@
-"""A search request's sparse BM25 block: weights by name -> the engine's ``SparseQuery`` (service.sparse_query).
+"""A search request's sparse BM25 block: weights by name -> the engine's ``SparseQuery`` (esp_retrieval.service.sparse_query).
 
-The bundle is the tiny bundle plus a real BM25 block over its passages (``training.sparse_lexical``);
-the states are what the service loads (:func:`service.state.load_state`), the batches go through the
+The bundle is the tiny bundle plus a real BM25 block over its passages (``esp_retrieval.training.sparse_lexical``);
+the states are what the service loads (:func:`esp_retrieval.service.state.load_state`), the batches go through the
 real micro-batcher, and every ranking is checked against the float64 brute force of
 ``sum_k w_k cos_k + w_bm25 bm25``.
 """
@@ -15,14 +15,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service import sparse_query
-from service.config import Settings
-from service.metrics import Metrics
-from service.schemas import SearchRequest
-from service.search.batching import MicroBatcher, QueryInput
-from service.state import ServingState, load_state
-from service.tuning import Registry, RegistryError
-from subspace.errors import FieldError
+from esp_retrieval.service import sparse_query
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.metrics import Metrics
+from esp_retrieval.service.schemas import SearchRequest
+from esp_retrieval.service.search.batching import MicroBatcher, QueryInput
+from esp_retrieval.service.state import ServingState, load_state
+from esp_retrieval.service.tuning import Registry, RegistryError
+from esp_retrieval.subspace.errors import FieldError
 from tests.live_fixtures import with_bm25
 
 QUERIES = ["who is robert gray", "the history of the roman empire", "what is a balance sheet"]
@@ -116,7 +116,7 @@ def test_a_backend_without_sparse_serves_the_bundle_dense_and_refuses_a_sparse_w
 
 
 def test_engine_sparse_encodes_the_text_rows_in_place() -> None:
-    from training.sparse_lexical import build_bm25
+    from esp_retrieval.training.sparse_lexical import build_bm25
 
     block = build_bm25(["robert gray was a sea captain", "the roman empire", "gray whales of the pacific"])
     texts = [None, "robert gray", None, "roman empire"]

@@ -26,9 +26,9 @@ import pytest
 import yaml
 
 from bench.live_server import LiveServer, start_server
-from service.tuning import Registry
-from subspace.atomic import atomic_write_bytes
-from subspace.bundle import read_bundle
+from esp_retrieval.service.tuning import Registry
+from esp_retrieval.subspace.atomic import atomic_write_bytes
+from esp_retrieval.subspace.bundle import read_bundle
 from tests.browser import Visit, require_chromium
 from tests.live_fixtures import SERVER_DEFAULTS
 

@@ -1,4 +1,4 @@
-"""subspace.atomic: content lands, a failed write leaves the old file (or folder) as it was and no temp."""
+"""esp_retrieval.subspace.atomic: content lands, a failed write leaves the old file (or folder) as it was and no temp."""
 
 import json
 import os
@@ -9,8 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subspace.atomic import atomic_dir, atomic_open, atomic_write_bytes, atomic_write_text, make_readable
-from subspace.bundle import json_default
+from esp_retrieval.subspace.atomic import (
+    atomic_dir,
+    atomic_open,
+    atomic_write_bytes,
+    atomic_write_text,
+    make_readable,
+)
+from esp_retrieval.subspace.bundle import json_default
 
 OLD = b"old content \x00\xff\n"
 

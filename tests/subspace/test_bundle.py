@@ -6,8 +6,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esp_cli.main import main as esp
-from subspace.bundle import (
+from esp_retrieval.cli.main import main as esp
+from esp_retrieval.subspace.bundle import (
     EMBEDDINGS,
     IDS,
     MANIFEST,
@@ -16,8 +16,8 @@ from subspace.bundle import (
     sha256_file,
     write_bundle,
 )
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 6, "entity": 3, "intent": 3})
 

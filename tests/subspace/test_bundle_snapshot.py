@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subspace.bundle import (
+from esp_retrieval.subspace.bundle import (
     EMBEDDINGS,
     MANIFEST,
     BundleError,
@@ -21,8 +21,8 @@ from subspace.bundle import (
     writable_by_others,
     write_bundle,
 )
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 

@@ -10,11 +10,18 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from subspace.bundle import MANIFEST, BundleError, content_version, read_bundle, sha256_file, write_bundle
-from subspace.engine.numpy_backend import NumpyBackend
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
-from subspace.sparse import SparseLexical
+from esp_retrieval.subspace.bundle import (
+    MANIFEST,
+    BundleError,
+    content_version,
+    read_bundle,
+    sha256_file,
+    write_bundle,
+)
+from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.sparse import SparseLexical
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 N = 40
@@ -62,7 +69,7 @@ def test_round_trip(tmp_path: Path, snapshot: bool) -> None:
 
 
 def test_cli_bundle_info_lists_the_blocks(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from esp_cli.main import main as esp
+    from esp_retrieval.cli.main import main as esp
 
     assert esp(["bundle-info", str(write(tmp_path / "b", sparse={"bm25": block()}))]) == 0
     summary = json.loads(capsys.readouterr().out)

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subspace.clustering import (
+from esp_retrieval.subspace.clustering import (
     METHODS,
     ClusteringError,
     _condensed_distances,
@@ -21,9 +21,9 @@ from subspace.clustering import (
     normalize_keyword,
     scaled_vectors,
 )
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks, reference_scores
-from subspace.weights import WeightError
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
+from esp_retrieval.subspace.weights import WeightError
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 24, "entity": 8, "intent": 8})
 TOPICS, INTENTS, PER_GROUP = 5, 3, 6

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from subspace.filters import (
+from esp_retrieval.subspace.filters import (
     FieldType,
     FilterError,
     MetadataSchema,

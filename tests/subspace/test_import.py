@@ -1,4 +1,4 @@
-"""`import subspace` must stay light: no torch, no fastapi."""
+"""`import esp_retrieval.subspace` must stay light: no torch, no fastapi."""
 
 import subprocess
 import sys
@@ -6,7 +6,7 @@ import sys
 
 def test_import_subspace_loads_neither_torch_nor_fastapi() -> None:
     code = (
-        "import sys, subspace, esp_cli.main, subspace.bundle\n"
+        "import sys, esp_retrieval.subspace, esp_retrieval.cli.main, esp_retrieval.subspace.bundle\n"
         "heavy = sorted(m for m in ('torch', 'fastapi', 'transformers') if m in sys.modules)\n"
         "print(','.join(heavy))\n"
     )

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from subspace.layout import LayoutError, Objective, SubspaceLayout
+from esp_retrieval.subspace.layout import LayoutError, Objective, SubspaceLayout
 
 
 def _layout() -> SubspaceLayout:

@@ -4,7 +4,7 @@ import dataclasses
 
 import numpy as np
 
-from subspace.layout import Objective, SubspaceLayout
+from esp_retrieval.subspace.layout import Objective, SubspaceLayout
 
 
 def _layout() -> SubspaceLayout:

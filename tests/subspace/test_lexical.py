@@ -7,7 +7,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from subspace.lexical import HashedNgrams, idf, texts_digest
+from esp_retrieval.subspace.lexical import HashedNgrams, idf, texts_digest
 
 PASSAGES = [
     "Robert Gray was an American sea captain who explored the Columbia River.",

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subspace import metrics as m
+from esp_retrieval.subspace import metrics as m
 
 DL = Path(__file__).resolve().parents[2] / "data" / "trec-dl-2019-2020-passage"
 

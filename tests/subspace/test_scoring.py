@@ -5,8 +5,8 @@ import pytest
 from hypothesis import given, seed, settings
 from hypothesis import strategies as st
 
-from subspace.layout import SubspaceLayout
-from subspace.scoring import (
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import (
     normalize_blocks,
     reference_scores,
     scale_queries,

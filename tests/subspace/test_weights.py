@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
-from subspace.layout import SubspaceLayout
-from subspace.weights import WeightError, resolve_block_weights, resolve_weights, weights_dict
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.weights import WeightError, resolve_block_weights, resolve_weights, weights_dict
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 4, "entity": 2, "intent": 2}, default_weights={"entity": 0.5})
 

@@ -15,8 +15,8 @@ import numpy as np
 import torch
 import torch.distributed as dist
 
+from esp_retrieval.training.distributed import build_trainer, close, init_process_group
 from tests.conftest import tiny_train_config
-from training.distributed import build_trainer, close, init_process_group
 
 
 def ddp_config(data_dir: str, bert_dir: str, steps: int):

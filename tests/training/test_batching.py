@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from itertools import islice
 
-from training.data.batching import random_batches, unique_batches
+from esp_retrieval.training.data.batching import random_batches, unique_batches
 
 
 def test_batches_hold_distinct_groups_and_keys_and_cover_every_row() -> None:

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from pydantic import ValidationError
 
-from training.config import load_config
+from esp_retrieval.training.config import load_config
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -48,8 +48,8 @@ def test_bad_config_names_the_field(tmp_path: Path, yaml_text: str, message: str
 
 
 def test_feature_cache_hit_miss_and_atomic(tiny_bert_dir: Path, tmp_path: Path) -> None:
-    from training.features import pooled_features
-    from training.model import Trunk, TrunkMode
+    from esp_retrieval.training.features import pooled_features
+    from esp_retrieval.training.model import Trunk, TrunkMode
 
     trunk = Trunk.from_pretrained(tiny_bert_dir, max_length=32, mode=TrunkMode.parse("frozen"))
     texts = ["cost of concrete", "flea life cycle", "the"]
@@ -73,8 +73,8 @@ def test_feature_cache_hit_miss_and_atomic(tiny_bert_dir: Path, tmp_path: Path) 
 def test_feature_cache_chunks_are_shared_and_resumable(
     tiny_bert_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from training import features
-    from training.model import Trunk, TrunkMode
+    from esp_retrieval.training import features
+    from esp_retrieval.training.model import Trunk, TrunkMode
 
     monkeypatch.setattr(features, "CHUNK", 2)
     trunk = Trunk.from_pretrained(tiny_bert_dir, max_length=32, mode=TrunkMode.parse("frozen"))
@@ -90,8 +90,8 @@ def test_feature_cache_chunks_are_shared_and_resumable(
 
 
 def test_readonly_folders_are_read_first_and_never_written(tiny_bert_dir: Path, tmp_path: Path) -> None:
-    from training.features import pooled_features
-    from training.model import Trunk, TrunkMode
+    from esp_retrieval.training.features import pooled_features
+    from esp_retrieval.training.model import Trunk, TrunkMode
 
     trunk = Trunk.from_pretrained(tiny_bert_dir, max_length=32, mode=TrunkMode.parse("frozen"))
     shipped, cache = tmp_path / "shipped", tmp_path / "cache"
@@ -112,9 +112,9 @@ def test_esp_features_writes_a_corpus_then_reuses_it(
 ) -> None:
     import json
 
-    from esp_cli.main import main
-    from training.features import pooled_features
-    from training.model import Trunk, TrunkMode
+    from esp_retrieval.cli.main import main
+    from esp_retrieval.training.features import pooled_features
+    from esp_retrieval.training.model import Trunk, TrunkMode
 
     texts = ["cost of concrete", "flea life cycle", "who is robert gray"]
     corpus = tmp_path / "docs.tsv"

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import numpy as np
 
-from esp_cli.main import main
-from subspace.bundle import read_bundle
-from training.display_text import repair_display, repair_text
+from esp_retrieval.cli.main import main
+from esp_retrieval.subspace.bundle import read_bundle
+from esp_retrieval.training.display_text import repair_display, repair_text
 
 MOJIBAKE = "Europeâ€™s largest banks â€“ a list"
 FIXED = "Europe’s largest banks – a list"
@@ -25,7 +25,7 @@ def test_repair_fixes_mojibake_and_leaves_clean_text_alone() -> None:
 
 
 def test_esp_index_repairs_docs_but_embeds_the_corpus_text(tiny_bundle: Path, tmp_path: Path, capsys) -> None:
-    from encoder.query_encoder import QueryEncoder
+    from esp_retrieval.encoder.query_encoder import QueryEncoder
 
     rows = [("d1", MOJIBAKE), ("d2", "a clean passage about rivers")]
     corpus = tmp_path / "c.jsonl"
@@ -48,7 +48,7 @@ def test_esp_index_repairs_docs_but_embeds_the_corpus_text(tiny_bundle: Path, tm
 
 def test_the_training_export_repairs_the_docs_it_is_given(tiny_model, tmp_path: Path) -> None:
     """``Trainer.export`` passes ``docs=`` itself (the demo bundle's path): those are repaired too."""
-    from training.export import export_bundle
+    from esp_retrieval.training.export import export_bundle
 
     texts = [MOJIBAKE, "a clean passage about rivers"]
     out = export_bundle(tmp_path / "b", tiny_model, ["d1", "d2"], texts,

@@ -1,6 +1,6 @@
 """``torchrun --nproc_per_node 2`` on the tiny BERT: ranks stay identical and match one process.
 
-The reference is :class:`training.distributed.ShardAccumulatingTrainer`: one process, the same
+The reference is :class:`esp_retrieval.training.distributed.ShardAccumulatingTrainer`: one process, the same
 global batches (both ranks' shards), their gradients averaged before PCGrad.
 """
 
@@ -30,9 +30,9 @@ def _torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[s
 
 
 def _reference(cfg, world: int) -> tuple[list[np.ndarray], list[dict]]:
-    from training.distributed import ShardAccumulatingTrainer
-    from training.run import build_run
-    from training.trainer import Trainer
+    from esp_retrieval.training.distributed import ShardAccumulatingTrainer
+    from esp_retrieval.training.run import build_run
+    from esp_retrieval.training.trainer import Trainer
 
     parts = build_run(cfg, features_cache=None)
     tr = ShardAccumulatingTrainer(parts, cfg, world, progress=False) if world > 1 else Trainer(
@@ -97,7 +97,7 @@ def test_esp_train_under_torchrun_rank0_writes_once(tiny_data_dir: Path, tiny_be
     config = tmp_path / "ddp.yaml"
     config.write_text(yaml.safe_dump(cfg.to_dict()), "utf-8")
     out = tmp_path / "out"
-    proc = _torchrun("-m", "esp_cli", "train", "--config", str(config), "--out", str(out), "--no-progress")
+    proc = _torchrun("-m", "esp_retrieval.cli", "train", "--config", str(config), "--out", str(out), "--no-progress")
     # 3 steps need not improve every metric: rank 0 then exits 3, and torchrun exits 1 naming it
     assert proc.returncode == 0 or "exitcode  : 3" in proc.stderr, proc.stderr[-4000:]
     steps = [json.loads(x) for x in (out / "train_log.jsonl").read_text("utf-8").splitlines()]

@@ -1,4 +1,4 @@
-"""The exported bundle validates with subspace.bundle alone (its encoder: tests/encoder)."""
+"""The exported bundle validates with esp_retrieval.subspace.bundle alone (its encoder: tests/encoder)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from tests.conftest import TINY_DIMS, TINY_INTENT_CLASSES
 def test_tiny_bundle_reads_back_with_subspace_alone(tiny_bundle: Path) -> None:
     code = (
         "import sys, json\n"
-        "from subspace.bundle import read_bundle\n"
+        "from esp_retrieval.subspace.bundle import read_bundle\n"
         f"b = read_bundle({str(tiny_bundle)!r})\n"
         "heavy = sorted(m for m in sys.modules if m.split('.')[0] in ('training', 'torch'))\n"
         "print(json.dumps({'n': len(b.ids), 'dim': b.layout.dim, 'names': list(b.layout.names),"
@@ -32,7 +32,7 @@ def test_tiny_bundle_reads_back_with_subspace_alone(tiny_bundle: Path) -> None:
 
 
 def test_manifest_sections(tiny_bundle: Path) -> None:
-    from subspace.bundle import read_bundle
+    from esp_retrieval.subspace.bundle import read_bundle
 
     m = read_bundle(tiny_bundle).manifest
     assert m["encoder"]["format"] == "esp-query-encoder"

@@ -9,10 +9,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esp_cli.main import main
-from subspace.bundle import read_bundle
-from training.data.corpus import CorpusError, read_corpus
-from training.display_text import repair_text
+from esp_retrieval.cli.main import main
+from esp_retrieval.subspace.bundle import read_bundle
+from esp_retrieval.training.data.corpus import CorpusError, read_corpus
+from esp_retrieval.training.display_text import repair_text
 
 
 def _index(bundle: Path, corpus: Path, out: Path, *extra: str) -> int:
@@ -39,7 +39,7 @@ def test_index_tsv_reproduces_export_vectors(tiny_bundle: Path, tiny_corpus, tmp
 def test_index_jsonl_gz_keeps_display_fields_skips_empty_counts_truncated(
     tiny_bundle: Path, tmp_path: Path
 ) -> None:
-    from training.indexing import index_corpus
+    from esp_retrieval.training.indexing import index_corpus
 
     rows = [
         {"id": 1, "text": "cost of interior concrete flooring", "title": "Floors", "url": "http://x"},

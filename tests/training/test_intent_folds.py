@@ -7,9 +7,9 @@ from collections import Counter
 import pytest
 from pydantic import ValidationError
 
-from training.config import SplitConfig
-from training.data.objectives import DataContext, Split, build_objective, stratified_folds
-from training.data.orcas import load_orcas
+from esp_retrieval.training.config import SplitConfig
+from esp_retrieval.training.data.objectives import DataContext, Split, build_objective, stratified_folds
+from esp_retrieval.training.data.orcas import load_orcas
 
 
 def test_folds_are_stratified_and_independent_of_row_order() -> None:

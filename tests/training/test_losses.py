@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F  # noqa: N812
 
-from training.losses import LOSSES, TaskOutput, build_loss
+from esp_retrieval.training.losses import LOSSES, TaskOutput, build_loss
 
 
 def _unit(*shape: int, seed: int) -> torch.Tensor:

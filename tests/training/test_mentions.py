@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from training.data.dlhard import find_mentions, name_mentions
+from esp_retrieval.training.data.dlhard import find_mentions, name_mentions
 
 PASSAGES = [
     "Robert Gray sailed the Columbia River.",

@@ -12,7 +12,7 @@ from tests.conftest import TINY_DIMS, build_tiny_model, tiny_train_config
 
 
 def test_trunk_modes_choose_trainable_layers(tiny_bert_dir: Path) -> None:
-    from training.model import TrunkMode
+    from esp_retrieval.training.model import TrunkMode
 
     frozen = build_tiny_model(tiny_bert_dir, trunk_mode="frozen")
     assert frozen.trunk.trainable_parameters() == []
@@ -54,8 +54,8 @@ def test_esp_and_single_head_layouts_and_parameter_groups(tiny_bert_dir: Path) -
 
 
 def test_top_mode_trains_only_the_top_layer(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
-    from training.run import build_run
-    from training.trainer import Trainer
+    from esp_retrieval.training.run import build_run
+    from esp_retrieval.training.trainer import Trainer
 
     cfg = tiny_train_config(
         tiny_data_dir,
@@ -79,7 +79,7 @@ def test_top_mode_trains_only_the_top_layer(tiny_data_dir: Path, tiny_bert_dir: 
 def test_build_run_starts_pca_heads_from_the_objective_training_texts(
     tiny_data_dir: Path, tiny_bert_dir: Path, mode: str
 ) -> None:
-    from training.run import build_run
+    from esp_retrieval.training.run import build_run
 
     cfg = tiny_train_config(tiny_data_dir, tiny_bert_dir, adapter_hidden=None)
     objectives = [o.model_dump() for o in cfg.objectives]

@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 import torch
 
-from encoder import QueryEncoder
-from subspace.bundle import read_bundle
-from subspace.lexical import HashedNgrams, idf
+from esp_retrieval.encoder import QueryEncoder
+from esp_retrieval.subspace.bundle import read_bundle
+from esp_retrieval.subspace.lexical import HashedNgrams, idf
+from esp_retrieval.training.export import export_bundle
+from esp_retrieval.training.model import ESPModel, HeadSpec, Trunk, TrunkMode
 from tests.conftest import TINY_INTENT_CLASSES
-from training.export import export_bundle
-from training.model import ESPModel, HeadSpec, Trunk, TrunkMode
 
 
 def _model(bert_dir: Path, architecture: str = "esp") -> ESPModel:

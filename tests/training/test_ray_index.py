@@ -19,9 +19,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from esp_cli.main import main
-from subspace.bundle import read_bundle
-from training.data.corpus import CorpusError, read_corpus
+from esp_retrieval.cli.main import main
+from esp_retrieval.subspace.bundle import read_bundle
+from esp_retrieval.training.data.corpus import CorpusError, read_corpus
 
 ray = pytest.importorskip("ray")
 pytestmark = pytest.mark.slow  # a Ray cluster / torchrun processes per module
@@ -95,8 +95,8 @@ def test_ray_engine_reads_a_folder_of_jsonl_gz_and_parquet(cluster, tiny_bundle:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    from training.indexing import index_corpus
-    from training.ray_index import index_corpus_ray
+    from esp_retrieval.training.indexing import index_corpus
+    from esp_retrieval.training.ray_index import index_corpus_ray
 
     folder = tmp_path / "corpus"
     folder.mkdir()
@@ -112,8 +112,8 @@ def test_ray_engine_reads_a_folder_of_jsonl_gz_and_parquet(cluster, tiny_bundle:
 
 def test_killed_run_resumes_without_reencoding_finished_shards(cluster, tiny_bundle: Path, rows,
                                                                tmp_path: Path) -> None:
-    from training.indexing import index_corpus
-    from training.ray_index import index_corpus_ray
+    from esp_retrieval.training.indexing import index_corpus
+    from esp_retrieval.training.ray_index import index_corpus_ray
 
     corpus = tmp_path / "docs.jsonl"
     big = [{**r, "id": f"{r['id']}-{k}"} for k in range(4) for r in rows]  # 960 documents, 120 shards
@@ -121,7 +121,7 @@ def test_killed_run_resumes_without_reencoding_finished_shards(cluster, tiny_bun
     work = tmp_path / "work"
     shards = work / "shards"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    cmd = [sys.executable, "-m", "esp_cli", "index", "--engine", "ray", "--address", cluster, "--actors", "1",
+    cmd = [sys.executable, "-m", "esp_retrieval.cli", "index", "--engine", "ray", "--address", cluster, "--actors", "1",
            "--shard-size", "8", "--bundle", str(tiny_bundle), "--corpus", str(corpus), "--out",
            str(tmp_path / "ray"), "--work-dir", str(work), "--no-progress"]
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,

@@ -12,10 +12,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from training.config import load_config
-from training.features import CHUNK, SHIPPED_DIR, chunk_name, trunk_fingerprint
-from training.model import Trunk, TrunkMode
-from training.run import data_context, default_trunk_path, load_corpus
+from esp_retrieval.training.config import load_config
+from esp_retrieval.training.features import CHUNK, SHIPPED_DIR, chunk_name, trunk_fingerprint
+from esp_retrieval.training.model import Trunk, TrunkMode
+from esp_retrieval.training.run import data_context, default_trunk_path, load_corpus
 
 pytestmark = pytest.mark.slow
 

@@ -1,4 +1,4 @@
-"""The sparse BM25 block (subspace.sparse, built by training.sparse_lexical) is bm25s' BM25, exactly, as a dot product."""
+"""The sparse BM25 block (esp_retrieval.subspace.sparse, built by esp_retrieval.training.sparse_lexical) is bm25s' BM25, exactly, as a dot product."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import bm25s
 import numpy as np
 import pytest
 
-from subspace.sparse import SparseLexical, tokenize
-from training.sparse_lexical import build_bm25
+from esp_retrieval.subspace.sparse import SparseLexical, tokenize
+from esp_retrieval.training.sparse_lexical import build_bm25
 
 DOCS = ["The cat sat on the mat.", "A dog chased the cat; the cat ran.", "Dogs and cats, and dogs!",
         "Stock market news: stocks fell", "", "café au lait — naïve résumé"]

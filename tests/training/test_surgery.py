@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from training.surgery import SURGERIES, build_surgery
-from training.surgery.pcgrad import PCGrad, pcgrad
+from esp_retrieval.training.surgery import SURGERIES, build_surgery
+from esp_retrieval.training.surgery.pcgrad import PCGrad, pcgrad
 
 
 def _proj(g: torch.Tensor, onto: torch.Tensor) -> torch.Tensor:

@@ -18,7 +18,7 @@ def _mean_loss(history, name, sl):
 
 @pytest.fixture(scope="module")
 def frozen_run(tiny_data_dir: Path, tiny_bert_dir: Path, tmp_path_factory: pytest.TempPathFactory):
-    from training.trainer import train
+    from esp_retrieval.training.trainer import train
 
     cfg = tiny_train_config(
         tiny_data_dir,
@@ -62,7 +62,7 @@ def test_step_log_has_losses_lambdas_norms_and_pairs(frozen_run) -> None:
 
 
 def test_metrics_and_bundle(frozen_run) -> None:
-    from subspace.bundle import read_bundle
+    from esp_retrieval.subspace.bundle import read_bundle
 
     result, out = frozen_run
     assert set(result.metrics["start"]) == {"semantic", "entity", "intent"}
@@ -82,8 +82,8 @@ def test_metrics_and_bundle(frozen_run) -> None:
 
 
 def test_heldout_queries_never_trained_on(tiny_data_dir: Path) -> None:
-    from training.data.objectives import DataContext, Split, build_objective
-    from training.data.trec import read_queries
+    from esp_retrieval.training.data.objectives import DataContext, Split, build_objective
+    from esp_retrieval.training.data.trec import read_queries
 
     ctx = DataContext(tiny_data_dir, Split(by="year", heldout_year="dl20"))
     dl20 = set(read_queries(tiny_data_dir / "trec-dl-2019-2020-passage" / "queries.dl20.tsv").values())
@@ -92,7 +92,7 @@ def test_heldout_queries_never_trained_on(tiny_data_dir: Path) -> None:
         assert not dl20 & set(data.train.anchors), kind
         assert set(data.heldout.queries.values()) <= dl20 | {
             q.text
-            for q in __import__("training.data.dlhard", fromlist=["x"]).load_entity_queries(tiny_data_dir)
+            for q in __import__("esp_retrieval.training.data.dlhard", fromlist=["x"]).load_entity_queries(tiny_data_dir)
             if q.year == "dl20"
         }
     intent = build_objective("intent", ctx)
@@ -101,8 +101,8 @@ def test_heldout_queries_never_trained_on(tiny_data_dir: Path) -> None:
 
 def test_heads_get_their_own_gradients_untouched(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
     """After surgery the shared grads change, but each head's grad is exactly grad(lambda_k * L_k)."""
-    from training.run import build_run
-    from training.trainer import Trainer
+    from esp_retrieval.training.run import build_run
+    from esp_retrieval.training.trainer import Trainer
 
     cfg = tiny_train_config(
         tiny_data_dir,
@@ -140,9 +140,9 @@ def test_heads_get_their_own_gradients_untouched(tiny_data_dir: Path, tiny_bert_
 def test_weighting_may_learn_parameters_and_see_gradient_norms(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
     """A weighting with its own parameters is stepped by the trainer's optimiser from ``combine``;
     ``observe_gradients`` sees the logged per-task norms; no trainer change is needed for either."""
-    from training.run import build_run
-    from training.trainer import Trainer
-    from training.weighting.base import Weighting
+    from esp_retrieval.training.run import build_run
+    from esp_retrieval.training.trainer import Trainer
+    from esp_retrieval.training.weighting.base import Weighting
 
     class Learned(Weighting):
         lr = 0.1
@@ -178,9 +178,9 @@ def test_weighting_may_learn_parameters_and_see_gradient_norms(tiny_data_dir: Pa
 
 
 def test_the_bundle_carries_the_configured_bm25_block(frozen_run, tiny_data_dir: Path) -> None:
-    from subspace.bundle import read_bundle
-    from training.data.trec import iter_corpus
-    from training.sparse_lexical import build_bm25
+    from esp_retrieval.subspace.bundle import read_bundle
+    from esp_retrieval.training.data.trec import iter_corpus
+    from esp_retrieval.training.sparse_lexical import build_bm25
 
     result, _ = frozen_run
     b = read_bundle(result.bundle_path)

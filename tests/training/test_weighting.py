@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from training.weighting import build_weighting
+from esp_retrieval.training.weighting import build_weighting
 
 
 def test_dwa_matches_formula_on_scripted_history() -> None:

@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
+from esp_retrieval.training.weighting import WEIGHTINGS, build_weighting
 from tests.conftest import tiny_train_config
-from training.weighting import WEIGHTINGS, build_weighting
 
 
 def test_registered_and_validated() -> None:
@@ -55,8 +55,8 @@ def test_optimiser_moves_log_variances_to_balance_loss_scales() -> None:
 def test_tiny_bert_run_trains_log_variances_and_logs_lambdas(
     tiny_data_dir: Path, tiny_bert_dir: Path, tmp_path: Path
 ) -> None:
-    from training.run import build_run
-    from training.trainer import Trainer, train
+    from esp_retrieval.training.run import build_run
+    from esp_retrieval.training.trainer import Trainer, train
 
     cfg = tiny_train_config(
         tiny_data_dir,

@@ -9,11 +9,11 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from service.engine import BACKENDS, Backend, BackendUnavailable
-from service.engine.cupy_backend import CupyBackend
-from subspace.engine.array_scan import ArrayScanBackend
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks, reference_scores
+from esp_retrieval.service.engine import BACKENDS, Backend, BackendUnavailable
+from esp_retrieval.service.engine.cupy_backend import CupyBackend
+from esp_retrieval.subspace.engine.array_scan import ArrayScanBackend
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
 
 LAYOUTS = {
     "three": {"semantic": 24, "entity": 12, "intent": 4},

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.engine import EngineInputError
-from subspace.scoring import reference_scores
+from esp_retrieval.service.engine import EngineInputError
+from esp_retrieval.subspace.scoring import reference_scores
 from tests.service.engine.conftest import IDS, STARTABLE, layout_of, random_rows
 
 N = 1200

@@ -12,8 +12,8 @@ from typing import Any, ClassVar
 import numpy as np
 import pytest
 
-from subspace.engine.array_scan import ArrayScanBackend, bf16_bits, widen_bf16
-from subspace.engine.base import EngineInputError
+from esp_retrieval.subspace.engine.array_scan import ArrayScanBackend, bf16_bits, widen_bf16
+from esp_retrieval.subspace.engine.base import EngineInputError
 from tests.service.engine.conftest import CupyOnNumpy, layout_of, random_rows, reference_topk
 
 ARRAY_ENGINES = [ArrayScanBackend.name, CupyOnNumpy.name]

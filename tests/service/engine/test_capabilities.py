@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from service.engine import BACKENDS, Backend, Capabilities
+from esp_retrieval.service.engine import BACKENDS, Backend, Capabilities
 
 
 @pytest.mark.parametrize("name", list(BACKENDS))

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subspace.scoring import reference_scores
+from esp_retrieval.subspace.scoring import reference_scores
 from tests.service.engine.conftest import (
     IDS,
     LAYOUTS,

@@ -8,9 +8,15 @@ from typing import ClassVar
 import numpy as np
 import pytest
 
-from service.engine import AUTO_ORDER, BACKENDS, BackendUnavailable, EngineInputError, create_engine
-from service.engine.cupy_backend import cuda_unavailable_reason
-from subspace.engine.numpy_backend import NumpyBackend
+from esp_retrieval.service.engine import (
+    AUTO_ORDER,
+    BACKENDS,
+    BackendUnavailable,
+    EngineInputError,
+    create_engine,
+)
+from esp_retrieval.service.engine.cupy_backend import cuda_unavailable_reason
+from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
 from tests.service.engine.conftest import STARTABLE, layout_of, random_rows
 
 LAYOUT = layout_of("three")
@@ -38,7 +44,7 @@ def test_registry_names_every_backend() -> None:
 
 @pytest.mark.usefixtures("with_broken")
 def test_a_backend_that_cannot_start_is_skipped_with_its_reason(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.engine"):
+    with caplog.at_level(logging.WARNING, logger="esp_retrieval.service.engine"):
         engine = create_engine("broken", CORPUS, LAYOUT, fallback=["numpy"])
     assert engine.name == "numpy"
     assert "broken: no such device here" in caplog.text
@@ -46,7 +52,7 @@ def test_a_backend_that_cannot_start_is_skipped_with_its_reason(caplog: pytest.L
 
 @pytest.mark.usefixtures("with_broken")
 def test_the_chain_goes_on_past_several_failures(caplog: pytest.LogCaptureFixture) -> None:
-    with caplog.at_level(logging.WARNING, logger="service.engine"):
+    with caplog.at_level(logging.WARNING, logger="esp_retrieval.service.engine"):
         engine = create_engine("numpy", CORPUS, LAYOUT, precision="bfloat16", fallback=["broken", "torch"])
     assert (engine.name, engine.precision) == ("torch", "bfloat16")
     assert "numpy: precision 'bfloat16' is not supported" in caplog.text
@@ -66,7 +72,7 @@ def test_auto_picks_the_first_backend_that_starts_and_logs_the_skipped(
 ) -> None:
     startable = {name for name, p in STARTABLE if p == "float32"}
     expected = next(name for name in AUTO_ORDER["float32"] if name in startable)
-    with caplog.at_level(logging.INFO, logger="service.engine"):
+    with caplog.at_level(logging.INFO, logger="esp_retrieval.service.engine"):
         engine = create_engine("auto", CORPUS, LAYOUT)
     assert engine.name == expected
     reason = cuda_unavailable_reason()

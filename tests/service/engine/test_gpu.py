@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.engine.cupy_backend import cuda_unavailable_reason
+from esp_retrieval.service.engine.cupy_backend import cuda_unavailable_reason
 from tests.service.engine.conftest import layout_of, random_rows, reference_topk
 from tests.service.engine.test_lowp import near_duplicates
 

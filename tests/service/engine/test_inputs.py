@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from service.engine import BackendUnavailable, EngineInputError
+from esp_retrieval.service.engine import BackendUnavailable, EngineInputError
 from tests.service.engine.conftest import layout_of, random_rows, reference_topk
 
 LAYOUT = layout_of("three")

@@ -7,9 +7,15 @@ import json
 import numpy as np
 import pytest
 
-from subspace.engine.ivf_index import IvfIndexError, IvfParams, build_index, load_index, save_index
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.engine.ivf_index import (
+    IvfIndexError,
+    IvfParams,
+    build_index,
+    load_index,
+    save_index,
+)
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 from tests.service.engine.conftest import layout_of, random_rows, reference_topk
 
 

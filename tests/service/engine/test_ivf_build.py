@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from subspace.engine.ivf_index import IvfParams, build_index, load_index, save_index
+from esp_retrieval.subspace.engine.ivf_index import IvfParams, build_index, load_index, save_index
 from tests.service.engine.conftest import layout_of, random_rows
 
 

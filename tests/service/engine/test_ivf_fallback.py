@@ -7,7 +7,7 @@ import logging
 import numpy as np
 import pytest
 
-from subspace.engine.ivf import EXACT_BELOW, IvfBackend
+from esp_retrieval.subspace.engine.ivf import EXACT_BELOW, IvfBackend
 from tests.service.engine.conftest import layout_of, random_rows
 
 
@@ -17,7 +17,7 @@ def test_below_exact_below_the_exact_scan_answers_like_numpy(make_engine, caplog
     queries = random_rows(7, layout, seed=2)
     w = np.random.default_rng(3).uniform(0.0, 1.0, (7, 3))
     exact = make_engine("numpy", corpus, layout)
-    with caplog.at_level(logging.INFO, logger="subspace.engine.ivf"):
+    with caplog.at_level(logging.INFO, logger="esp_retrieval.subspace.engine.ivf"):
         engine = make_engine("ivf", corpus, layout, max_touched=0.05)
     assert engine.fallback == f"3000 rows < exact_below {EXACT_BELOW}"
     assert sum("exact scan answers every query" in r.getMessage() for r in caplog.records) == 1
@@ -59,7 +59,7 @@ def test_exact_below_is_checked() -> None:
 def test_the_service_builds_no_index_the_backend_would_not_use(tmp_path, make_engine) -> None:
     from types import SimpleNamespace
 
-    from service.engine.ann import ivf_options
+    from esp_retrieval.service.engine.ann import ivf_options
 
     layout = layout_of("three")
     corpus = random_rows(800, layout, seed=9)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.scoring import normalize_blocks
 from tests.service.engine.conftest import STARTABLE, layout_of, random_rows, reference_topk
 
 LOWP = [(b, p) for b, p in STARTABLE if p != "float32"]

@@ -13,16 +13,21 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.engine import BACKENDS, BackendUnavailable
-from subspace.filters import FilterError, MetadataSchema, MetadataTable, compile_filter
-from subspace.layout import SubspaceLayout
-from subspace.scoring import reference_scores
+from esp_retrieval.service.engine import BACKENDS, BackendUnavailable
+from esp_retrieval.subspace.filters import FilterError, MetadataSchema, MetadataTable, compile_filter
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import reference_scores
 from tests.service.engine.conftest import layout_of, random_rows, reference_topk, tied_corpus
 
 pytest.importorskip("pymilvus")
 pytest.importorskip("milvus_lite")
 
-from service.engine.milvus_backend import MilvusBackend, MilvusSettings, load_bundle, wait_for_index
+from esp_retrieval.service.engine.milvus_backend import (
+    MilvusBackend,
+    MilvusSettings,
+    load_bundle,
+    wait_for_index,
+)
 
 N = 1500
 
@@ -204,8 +209,8 @@ def test_a_collection_of_another_corpus_is_refused(milvus: Loaded) -> None:
 
 
 def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
-    from service.engine import LiveDocument
-    from service.engine.milvus_backend import LIVE_ROW0
+    from esp_retrieval.service.engine import LiveDocument
+    from esp_retrieval.service.engine.milvus_backend import LIVE_ROW0
 
     layout = layout_of("three")
     corpus = random_rows(300, layout, seed=51)
@@ -231,7 +236,7 @@ def test_upsert_and_delete_are_seen_by_the_next_search(milvus: Loaded) -> None:
 def test_a_write_through_one_engine_is_shown_by_another_on_the_same_collection(milvus: Loaded) -> None:
     """Two engines on one collection (two replicas): the one that did not write shows the new
     fields and vector of a document it had already shown (its cache is refreshed by its reads)."""
-    from service.engine import LiveDocument
+    from esp_retrieval.service.engine import LiveDocument
 
     layout = layout_of("three")
     corpus = random_rows(300, layout, seed=71)
@@ -255,7 +260,7 @@ def test_a_write_through_one_engine_is_shown_by_another_on_the_same_collection(m
 def test_session_consistency_searches_see_this_process_writes(milvus: Loaded) -> None:
     from pydantic import ValidationError
 
-    from service.engine import LiveDocument
+    from esp_retrieval.service.engine import LiveDocument
 
     with pytest.raises(ValidationError):
         MilvusSettings(uri=milvus.uri, consistency="Weak")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from subspace.engine.refine import prune
+from esp_retrieval.subspace.engine.refine import prune
 from tests.service.engine.conftest import layout_of, random_rows, reference_topk
 
 

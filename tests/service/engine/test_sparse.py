@@ -11,11 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from service.engine import BackendUnavailable, EngineInputError, SparseQuery, SparseUnsupportedError
-from subspace.engine.base import Backend
-from subspace.layout import SubspaceLayout
-from subspace.scoring import reference_scores
-from subspace.sparse import SparseLexical
+from esp_retrieval.service.engine import (
+    BackendUnavailable,
+    EngineInputError,
+    SparseQuery,
+    SparseUnsupportedError,
+)
+from esp_retrieval.subspace.engine.base import Backend
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import reference_scores
+from esp_retrieval.subspace.sparse import SparseLexical
 from tests.service.engine.conftest import ENGINES, STARTABLE, layout_of, random_rows
 
 PASSAGES = Path(__file__).resolve().parents[3] / "data" / "trec-dl-2019-2020-passage" / "corpus.tsv.gz"
@@ -45,7 +50,7 @@ MASKS = {
 
 @pytest.fixture(scope="module")
 def bm25() -> SparseLexical:
-    from training.sparse_lexical import build_bm25
+    from esp_retrieval.training.sparse_lexical import build_bm25
 
     with gzip.open(PASSAGES, "rt", encoding="utf-8") as fh:
         texts = [line.rstrip("\n").split("\t", 1)[1] for line in itertools.islice(fh, N)]
@@ -171,8 +176,8 @@ def test_bad_sparse_input_names_the_field(make_engine, data, bm25) -> None:  # t
 
 
 def test_the_engine_ranks_as_the_evaluation_does(make_engine, data, bm25) -> None:  # type: ignore[no-untyped-def]
-    """The evaluation's exact sum (``training.evaluate.retrieval``) is the reference it will switch from."""
-    from training.evaluate.retrieval import _sweep_rows_with_sparse
+    """The evaluation's exact sum (``esp_retrieval.training.evaluate.retrieval``) is the reference it will switch from."""
+    from esp_retrieval.training.evaluate.retrieval import _sweep_rows_with_sparse
 
     layout, corpus, q = data
     sq = bm25.encode(QUERIES)
@@ -189,7 +194,7 @@ def test_the_engine_ranks_as_the_evaluation_does(make_engine, data, bm25) -> Non
 
 
 def test_the_fallback_chain_skips_a_backend_without_the_capability(data, bm25, caplog) -> None:  # type: ignore[no-untyped-def]
-    from service.engine import create_engine
+    from esp_retrieval.service.engine import create_engine
 
     layout, corpus, _ = data
     engine = create_engine("ivf", corpus, layout, fallback=["numpy"], sparse_blocks={"bm25": bm25})

@@ -16,14 +16,14 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.config import Settings
-from subspace.bundle import write_bundle
-from subspace.engine.base import Capabilities, LiveDocument, SearchResult
-from subspace.engine.numpy_backend import NumpyBackend
-from subspace.filters import CompiledFilter, MetadataSchema
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.engine.base import Capabilities, LiveDocument, SearchResult
+from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
+from esp_retrieval.subspace.filters import CompiledFilter, MetadataSchema
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 TOKEN = "admin-secret"

@@ -8,7 +8,7 @@ import httpx
 import pytest
 
 from bench.live_server import LiveServer
-from service.config import Settings
+from esp_retrieval.service.config import Settings
 
 NAMES = "['semantic', 'entity', 'intent']"
 KEYWORDS = [

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from bench.live_server import LiveServer
-from service.routes.docs import ASSETS
+from esp_retrieval.service.routes.docs import ASSETS
 from tests.browser import Visit
 
 SEARCH_SUMMARY = "Exact weighted top-k over all subspaces, weights chosen per request"

@@ -14,14 +14,14 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from subspace.bundle import read_bundle
+from esp_retrieval.subspace.bundle import read_bundle
 
 TEXTS = ["what is a bank", "river bank erosion", "open a savings account"]
 
 
 @pytest.fixture(scope="module")
 def reference(served_bundle: Path) -> np.ndarray:
-    from encoder.query_encoder import QueryEncoder
+    from esp_retrieval.encoder.query_encoder import QueryEncoder
 
     enc = QueryEncoder.load(served_bundle / "encoder")
     return enc.encode(TEXTS)
@@ -173,7 +173,7 @@ def _embedding_requests(server: LiveServer) -> float:
 
 @pytest.fixture(scope="module")
 def corpus() -> list[str]:
-    from training.data.trec import iter_corpus
+    from esp_retrieval.training.data.trec import iter_corpus
 
     return [text for _, text in iter_corpus(limit=3000)]
 
@@ -184,7 +184,7 @@ def test_langchain_at_its_defaults_embeds_3000_documents(
     """LangChain's OpenAIEmbeddings with its default chunk_size (1,000 texts per request) and the
     one setting this service needs (no tiktoken ids), against a server at the default limits."""
     langchain_openai = pytest.importorskip("langchain_openai")
-    from encoder.query_encoder import QueryEncoder
+    from esp_retrieval.encoder.query_encoder import QueryEncoder
 
     assert langchain_openai.OpenAIEmbeddings.model_fields["chunk_size"].default == 1000
     server = server_factory(served_bundle)  # ESP_MAX_BODY_BYTES and the embedding caps at their defaults

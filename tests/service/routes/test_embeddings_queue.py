@@ -15,11 +15,11 @@ from typing import Any
 import httpx
 import numpy as np
 
-from service.app import create_app
-from service.config import Settings
-from service.routes.embeddings import ENCODE_BATCH
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.routes.embeddings import ENCODE_BATCH
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 from tests.service.conftest import in_process, until
 
 

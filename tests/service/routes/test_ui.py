@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.config import Settings
-from service.routes.ui import ASSETS, UI_DIR
-from training.config import load_config
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.routes.ui import ASSETS, UI_DIR
+from esp_retrieval.training.config import load_config
 
 REPO = Path(__file__).resolve().parents[3]
 
@@ -67,7 +67,7 @@ def test_every_file_of_the_page_is_listed_and_shipped_as_package_data() -> None:
     files = sorted(p.name for p in UI_DIR.iterdir() if p.is_file())
     assert files == sorted(ASSETS)
     config = tomllib.loads((REPO / "pyproject.toml").read_text(encoding="utf-8"))
-    globs = config["tool"]["setuptools"]["package-data"]["service"]
+    globs = config["tool"]["setuptools"]["package-data"]["esp_retrieval.service"]
     for name in files:
         assert any(fnmatch(f"ui/{name}", g) for g in globs), name
 

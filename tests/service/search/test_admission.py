@@ -1,5 +1,5 @@
 """Admission by expected wait, batch-sized slices served round-robin, and dropping the queued work
-of a client that went away (service.search.batching)."""
+of a client that went away (esp_retrieval.service.search.batching)."""
 
 from __future__ import annotations
 
@@ -15,9 +15,9 @@ from urllib.parse import urlparse
 import numpy as np
 import pytest
 
-from service.errors import STATUS, ClientClosedError, OverloadedError, error_headers, error_kind
-from service.metrics import Metrics
-from service.search.wait import Arrival, LoopLag
+from esp_retrieval.service.errors import STATUS, ClientClosedError, OverloadedError, error_headers, error_kind
+from esp_retrieval.service.metrics import Metrics
+from esp_retrieval.service.search.wait import Arrival, LoopLag
 from tests.service.search.test_batching import _batcher, _state, _vectors
 
 
@@ -25,7 +25,7 @@ def _pipeline(batcher: Any, max_inflight_searches: int | None = None) -> Any:
     """What the admission middleware reads of the search pipeline: its batcher and settings."""
     from types import SimpleNamespace
 
-    from service.config import Settings
+    from esp_retrieval.service.config import Settings
 
     settings = Settings(max_inflight_searches=max_inflight_searches)
     return SimpleNamespace(batcher=batcher, settings=settings, metrics=Metrics())
@@ -163,8 +163,8 @@ def test_queued_work_of_a_disconnected_client_is_dropped(tmp_path: Path) -> None
 
 
 def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body_is_read() -> None:
-    from service.http_limits import RECEIVED
-    from service.search.admission import AdmissionMiddleware
+    from esp_retrieval.service.http_limits import RECEIVED
+    from esp_retrieval.service.search.admission import AdmissionMiddleware
 
     def Batcher() -> FakeBatcher:  # noqa: N802
         return FakeBatcher(wait_per_query=0.05, lag=LoopLag())  # lag not started: none
@@ -205,10 +205,10 @@ def test_a_search_that_already_waited_past_the_budget_is_refused_before_its_body
 
 
 def test_the_app_admits_searches_by_wait_before_reading_them() -> None:
-    from service.app import create_app
-    from service.config import Settings
-    from service.middleware import BodyLimitMiddleware
-    from service.search.admission import AdmissionMiddleware
+    from esp_retrieval.service.app import create_app
+    from esp_retrieval.service.config import Settings
+    from esp_retrieval.service.middleware import BodyLimitMiddleware
+    from esp_retrieval.service.search.admission import AdmissionMiddleware
 
     stack = [m.cls for m in create_app(Settings()).user_middleware]
     assert AdmissionMiddleware in stack
@@ -312,7 +312,7 @@ def test_a_restarted_loop_lag_forgets_a_pause_made_on_purpose() -> None:
 
 
 def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it_refuses() -> None:
-    from service.search.admission import LIMIT_BACKOFF, LIMIT_WINDOW, AdaptiveLimit
+    from esp_retrieval.service.search.admission import LIMIT_BACKOFF, LIMIT_WINDOW, AdaptiveLimit
 
     step = LIMIT_WINDOW * 1.01  # a little over a window: no float edge
     limit = AdaptiveLimit(objective=0.02, initial=10, ceiling=64)
@@ -342,7 +342,7 @@ def test_the_adaptive_limit_follows_the_latency_headroom_and_grows_only_while_it
 
 
 def test_the_adaptive_limit_never_falls_below_its_floor() -> None:
-    from service.search.admission import LIMIT_WINDOW, AdaptiveLimit
+    from esp_retrieval.service.search.admission import LIMIT_WINDOW, AdaptiveLimit
 
     limit = AdaptiveLimit(objective=0.02, initial=64, ceiling=1024, floor=64)
     t = 100.0
@@ -355,8 +355,8 @@ def test_the_adaptive_limit_never_falls_below_its_floor() -> None:
 
 
 def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
-    from service.http_limits import RECEIVED
-    from service.search.admission import AdmissionMiddleware
+    from esp_retrieval.service.http_limits import RECEIVED
+    from esp_retrieval.service.search.admission import AdmissionMiddleware
 
     lag = LoopLag()
     lag._due = time.monotonic() + 3600  # started, next callback not due: the lag is the last one
@@ -365,7 +365,7 @@ def test_a_search_is_refused_when_the_event_loop_lags_past_the_budget() -> None:
         return FakeBatcher(lag=lag)
 
     async def app(scope: Any, receive: Any, send: Any) -> None:
-        from service.search.wait import ARRIVAL
+        from esp_retrieval.service.search.wait import ARRIVAL
 
         arrived.append(scope[ARRIVAL].at)
 
@@ -466,7 +466,7 @@ def test_a_slow_body_holds_no_slot_and_a_trickled_one_meets_its_deadline_on_a_li
 
 
 def test_past_the_inflight_limit_a_search_whose_body_arrived_gets_429_counted_by_reason() -> None:
-    from service.search.admission import AdmissionMiddleware
+    from esp_retrieval.service.search.admission import AdmissionMiddleware
 
     def Batcher() -> FakeBatcher:  # noqa: N802
         return FakeBatcher(latency_budget=600.0, per_request=0.5, idle=True)
@@ -505,8 +505,8 @@ def test_past_the_inflight_limit_a_search_whose_body_arrived_gets_429_counted_by
 def test_a_burst_of_one_micro_batch_is_admitted_after_late_answers_shrank_the_limit() -> None:
     """The issue's burst: 64 small searches at once, after a window of late answers (which, without
     the floor of one micro-batch, cut the adaptive limit to 16 and refused 48 of them)."""
-    from service.search.admission import LIMIT_WINDOW, AdmissionMiddleware
-    from service.search.wait import ARRIVAL
+    from esp_retrieval.service.search.admission import LIMIT_WINDOW, AdmissionMiddleware
+    from esp_retrieval.service.search.wait import ARRIVAL
 
     release = asyncio.Event()
     late = True
@@ -544,7 +544,7 @@ def test_a_burst_of_one_micro_batch_is_admitted_after_late_answers_shrank_the_li
 
 
 def test_an_idle_engine_admits_whatever_the_last_batch_cost() -> None:
-    from service.search.admission import AdmissionMiddleware
+    from esp_retrieval.service.search.admission import AdmissionMiddleware
 
     def Batcher(idle: bool) -> FakeBatcher:  # noqa: N802
         return FakeBatcher(wait_per_query=2.0, idle=idle)  # the last batch cost 2 s a query
@@ -586,8 +586,8 @@ def test_the_loop_lag_monitor_rests_while_no_search_asks_and_resumes_on_one() ->
 
 
 def test_the_adaptive_limit_holds_a_search_to_the_objective_per_slice_of_its_queries(tmp_path: Path) -> None:
-    from service.search.admission import LIMIT_WINDOW, AdaptiveLimit, AdmissionMiddleware
-    from service.search.wait import ARRIVAL
+    from esp_retrieval.service.search.admission import LIMIT_WINDOW, AdaptiveLimit, AdmissionMiddleware
+    from esp_retrieval.service.search.wait import ARRIVAL
 
     state = _state(tmp_path)
 

@@ -11,14 +11,14 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.engine import create_engine
-from service.errors import STATUS, NotReadyError, OverloadedError, error_headers, error_kind
-from service.metrics import Metrics
-from service.search.batching import MicroBatcher, QueryInput
-from service.state import ServingState
-from subspace.bundle import read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.engine import create_engine
+from esp_retrieval.service.errors import STATUS, NotReadyError, OverloadedError, error_headers, error_kind
+from esp_retrieval.service.metrics import Metrics
+from esp_retrieval.service.search.batching import MicroBatcher, QueryInput
+from esp_retrieval.service.state import ServingState
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 12, "entity": 4})
 

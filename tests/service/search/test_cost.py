@@ -1,4 +1,4 @@
-"""The micro-batch cost model (service.search.cost) and the forecast built on it: a scan's fixed
+"""The micro-batch cost model (esp_retrieval.service.search.cost) and the forecast built on it: a scan's fixed
 cost is charged once per batch, so a queue that fits one batch is forecast as one scan."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import time
 
 import pytest
 
-from service.metrics import Metrics
-from service.search.cost import BatchCost, fit_batch_cost
+from esp_retrieval.service.metrics import Metrics
+from esp_retrieval.service.search.cost import BatchCost, fit_batch_cost
 from tests.service.search.test_batching import _batcher
 
 

@@ -2,8 +2,8 @@
 fails here by name instead of somewhere in a live test. pyproject.toml pins fastapi, starlette,
 uvicorn and httptools to the minor versions these hold for.
 
-Used by the search wing's codec (service/search/codec.py), the route-template lookup
-(service/middleware.py) and the HTTP limits protocol (service/http_limits.py).
+Used by the search wing's codec (esp_retrieval/service/search/codec.py), the route-template lookup
+(esp_retrieval/service/middleware.py) and the HTTP limits protocol (esp_retrieval/service/http_limits.py).
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel
 from starlette.requests import Request
 
-#: Dependant fields read by ``service.search.codec._DirectCall`` / ``_needs_only``.
+#: Dependant fields read by ``esp_retrieval.service.search.codec._DirectCall`` / ``_needs_only``.
 DEPENDANT_FIELDS = (
     "call", "name", "body_params", "dependencies", "path_params", "query_params", "header_params",
     "cookie_params", "request_param_name", "websocket_param_name", "http_connection_param_name",

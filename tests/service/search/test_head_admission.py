@@ -1,5 +1,5 @@
-"""Searches refused at their headers by the HTTP protocol (service.http_limits with
-service.search.admission.HeadAdmission): no app runs for them, their body is read and dropped,
+"""Searches refused at their headers by the HTTP protocol (esp_retrieval.service.http_limits with
+esp_retrieval.service.search.admission.HeadAdmission): no app runs for them, their body is read and dropped,
 the connection stays usable; and where the protocol must leave the decision to the app."""
 
 from __future__ import annotations
@@ -14,8 +14,13 @@ import pytest
 import uvicorn
 from uvicorn.server import ServerState
 
-from service.http_limits import ADMITTED_AT_HEAD, HEAD_ADMISSION, HttpLimits, LimitedHttpToolsProtocol
-from service.search.admission import HeadAdmission
+from esp_retrieval.service.http_limits import (
+    ADMITTED_AT_HEAD,
+    HEAD_ADMISSION,
+    HttpLimits,
+    LimitedHttpToolsProtocol,
+)
+from esp_retrieval.service.search.admission import HeadAdmission
 from tests.service.search.test_admission import FakeBatcher, _pipeline
 
 REFUSAL = (429, [(b"content-type", b"application/json"), (b"content-length", b"2"), (b"retry-after", b"1")], b"{}")

@@ -1,12 +1,12 @@
 """The micro-batch normalises request vectors per block, in float64, without overflow
-(``normalize_blocks(..., prescale=True)``, as service.search.batching calls it)."""
+(``normalize_blocks(..., prescale=True)``, as esp_retrieval.service.search.batching calls it)."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 6, "entity": 3, "intent": 2})
 

@@ -1,7 +1,7 @@
 """``offset``, ``score_threshold`` and ``fields`` on ``POST /v1/search``, on the numpy, ivf and
 milvus backends (in-process app; Milvus Lite, the embedded engine, holds the collection).
 
-One bundle of :data:`~subspace.engine.ivf.EXACT_BELOW` rows, so the ``ivf`` backend probes its
+One bundle of :data:`~esp_retrieval.subspace.engine.ivf.EXACT_BELOW` rows, so the ``ivf`` backend probes its
 index (no exact fallback). Per backend: page 2 is hits ``k .. 2k`` of one search for ``2k``,
 the threshold keeps exactly the hits scoring at least it, ``fields`` gives exactly the fields
 asked for in their metadata types; the bounds and unknown fields are 422 naming the field.
@@ -20,13 +20,13 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.config import Settings
-from subspace.bundle import write_bundle
-from subspace.engine.ivf import EXACT_BELOW
-from subspace.filters import MetadataSchema, format_date, parse_date
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks, reference_scores
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.engine.ivf import EXACT_BELOW
+from esp_retrieval.subspace.filters import MetadataSchema, format_date, parse_date
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 N = EXACT_BELOW
@@ -83,8 +83,8 @@ def client(request: pytest.FixtureRequest, bundle: Path, tmp_path_factory: pytes
         return
     pytest.importorskip("pymilvus")
     pytest.importorskip("milvus_lite")
-    from service.engine.milvus_backend import MilvusSettings, load_bundle
-    from subspace.bundle import read_bundle
+    from esp_retrieval.service.engine.milvus_backend import MilvusSettings, load_bundle
+    from esp_retrieval.subspace.bundle import read_bundle
 
     b = read_bundle(bundle)
     uri = str(tmp_path_factory.mktemp("milvus") / "page.db")

@@ -17,15 +17,15 @@ import yaml
 from fastapi import FastAPI, Request
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.config import Settings
-from service.schemas import SearchRequest
-from service.search import codec
-from service.search import pipeline as deps
-from service.search import route as search_route
-from subspace.bundle import write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.service.schemas import SearchRequest
+from esp_retrieval.service.search import codec
+from esp_retrieval.service.search import pipeline as deps
+from esp_retrieval.service.search import route as search_route
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
 REGISTRY = {

@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from esp_client.client import ESPClient, ESPError
-from service.engine import create_engine
-from subspace.bundle import read_bundle
-from subspace.scoring import normalize_blocks, reference_scores, topk
+from esp_retrieval.client.client import ESPClient, ESPError
+from esp_retrieval.service.engine import create_engine
+from esp_retrieval.subspace.bundle import read_bundle
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores, topk
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +66,7 @@ def test_hits_carry_display_text_and_weighted_score(client: ESPClient, bundle) -
 
 
 def test_text_queries_match_encoding_then_scoring(client: ESPClient, bundle) -> None:
-    from encoder.query_encoder import QueryEncoder
+    from esp_retrieval.encoder.query_encoder import QueryEncoder
 
     texts = ["what is the capital of france", "how to cook rice", "symptoms of flu in adults"]
     res = client.search(texts, k=5)

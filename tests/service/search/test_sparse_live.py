@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 
 from bench.live_server import LiveServer
-from encoder import QueryEncoder
-from subspace.bundle import Bundle, read_bundle
-from subspace.scoring import reference_scores
+from esp_retrieval.encoder import QueryEncoder
+from esp_retrieval.subspace.bundle import Bundle, read_bundle
+from esp_retrieval.subspace.scoring import reference_scores
 from tests.live_fixtures import with_bm25
 
 QUERIES = ["who is robert gray", "the history of the roman empire", "what is a balance sheet"]

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from fastapi.testclient import TestClient
 
-from service.app import create_app
-from service.config import Settings
-from subspace.bundle import write_bundle
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.app import create_app
+from esp_retrieval.service.config import Settings
+from esp_retrieval.subspace.bundle import write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 8, "entity": 4, "intent": 4})
 

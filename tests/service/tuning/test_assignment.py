@@ -10,9 +10,9 @@ from collections import Counter
 
 import pytest
 
-from service.tuning import Registry
-from service.tuning.assignment import bucket, pick, traffic_bucket
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.tuning import Registry
+from esp_retrieval.service.tuning.assignment import bucket, pick, traffic_bucket
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 N_UNITS = 100_000
@@ -48,8 +48,8 @@ def _units(n: int = N_UNITS) -> list[str]:
 
 _CHILD = """
 import json, sys
-from service.tuning import Registry
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.tuning import Registry
+from esp_retrieval.subspace.layout import SubspaceLayout
 layout = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 reg = Registry.parse(json.loads(sys.argv[1]), layout)
 print(json.dumps([reg.assign("exp", f"user-{i}").name for i in range(int(sys.argv[2]))]))

@@ -11,9 +11,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.errors import NotReadyError
-from service.tuning import Registry, RegistryError
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.errors import NotReadyError
+from esp_retrieval.service.tuning import Registry, RegistryError
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims(
     {"semantic": 16, "entity": 8, "intent": 8}, default_weights={"semantic": 1.0, "entity": 0.5, "intent": 0.25}
@@ -346,7 +346,7 @@ def test_public_experiment_view_hides_the_salt(reg: Registry) -> None:
 
 
 def test_check_command_validates_like_the_service(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from service.tuning.__main__ import main
+    from esp_retrieval.service.tuning.__main__ import main
 
     demo = "semantic=256,entity=96,intent=32"
     assert main(["check", str(EXAMPLE), "--layout", demo]) == 0

@@ -7,9 +7,9 @@ from typing import Any
 import numpy as np
 import pytest
 
-from service.errors import NotReadyError
-from service.tuning import Registry
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.errors import NotReadyError
+from esp_retrieval.service.tuning import Registry
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims(
     {"semantic": 16, "entity": 8, "intent": 8},

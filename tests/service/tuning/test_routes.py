@@ -10,12 +10,12 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 from fastapi.testclient import TestClient
 
-from service.errors import error_response
-from service.metrics import Metrics
-from service.routes.tuning import router
-from service.tuning import RegistryWatcher
-from subspace.errors import FieldError
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.errors import error_response
+from esp_retrieval.service.metrics import Metrics
+from esp_retrieval.service.routes.tuning import router
+from esp_retrieval.service.tuning import RegistryWatcher
+from esp_retrieval.subspace.errors import FieldError
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 DOC = {

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 import yaml
 
-from service.metrics import Metrics
-from service.tuning import RegistryError, RegistryWatcher
-from subspace.bundle import read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
+from esp_retrieval.service.metrics import Metrics
+from esp_retrieval.service.tuning import RegistryError, RegistryWatcher
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 16, "entity": 8, "intent": 8})
 BUNDLE_POINTS = {"semantic_first": {"weights": {"semantic": 1.0, "entity": 0.0, "intent": 0.0},

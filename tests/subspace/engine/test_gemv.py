@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subspace.engine import _gemv
+from esp_retrieval.subspace.engine import _gemv
 
 
 @pytest.mark.parametrize("name", [n for n, k in _gemv.KERNELS.items() if k is not None])

@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from subspace.engine.numpy_backend import NumpyBackend
-from subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
+from esp_retrieval.subspace.layout import SubspaceLayout
 
 
 def _backend(precision: str) -> tuple[NumpyBackend, np.ndarray]:

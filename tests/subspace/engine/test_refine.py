@@ -13,12 +13,12 @@ import numpy as np
 import pytest
 import scipy.sparse as sp
 
-from subspace.engine.base import Backend, Capabilities
-from subspace.engine.refine import Batch, Candidates, Filter, RowTable, scan_bound, stack_rows
-from subspace.engine.sparse_terms import SparseQuery, SparseScan
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks, reference_scores
-from subspace.sparse import SparseLexical
+from esp_retrieval.subspace.engine.base import Backend, Capabilities
+from esp_retrieval.subspace.engine.refine import Batch, Candidates, Filter, RowTable, scan_bound, stack_rows
+from esp_retrieval.subspace.engine.sparse_terms import SparseQuery, SparseScan
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
+from esp_retrieval.subspace.sparse import SparseLexical
 
 LAYOUT = SubspaceLayout.from_dims({"a": 6, "b": 10, "c": 3})
 

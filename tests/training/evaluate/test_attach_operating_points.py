@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from subspace.bundle import read_bundle
-from training.config import TrainConfig
-from training.evaluate.config import DataSlice
-from training.evaluate.operating_points import SEMANTIC_BUDGET, attach_operating_points
-from training.evaluate.slice import make_data_slice
+from esp_retrieval.subspace.bundle import read_bundle
+from esp_retrieval.training.config import TrainConfig
+from esp_retrieval.training.evaluate.config import DataSlice
+from esp_retrieval.training.evaluate.operating_points import SEMANTIC_BUDGET, attach_operating_points
+from esp_retrieval.training.evaluate.slice import make_data_slice
 
 pytestmark = pytest.mark.slow
 
@@ -24,10 +24,10 @@ def sliced(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _export(tmp: Path, data_dir: Path, architecture: str) -> tuple[Path, object, TrainConfig]:
-    from training.evaluate.benchmark import load_dl
-    from training.export import export_bundle
-    from training.model import ESPModel, Trunk, TrunkMode
-    from training.tiny import save_tiny_bert
+    from esp_retrieval.training.evaluate.benchmark import load_dl
+    from esp_retrieval.training.export import export_bundle
+    from esp_retrieval.training.model import ESPModel, Trunk, TrunkMode
+    from esp_retrieval.training.tiny import save_tiny_bert
 
     bench = load_dl(data_dir / "trec-dl-2019-2020-passage")
     tiny = save_tiny_bert(tmp / f"tiny-{architecture}", bench.texts)

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 import yaml
 
-from esp_cli.main import main
-from subspace.bundle import read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
+from esp_retrieval.cli.main import main
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
 
 ROOT = Path(__file__).resolve().parents[3]
 CONFIG = ROOT / "configs" / "eval.yaml"

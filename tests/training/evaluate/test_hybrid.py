@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from training.evaluate.hybrid import BM25Scorer, alpha_grid, best_alpha, minmax_lists, rrf_lists
+from esp_retrieval.training.evaluate.hybrid import BM25Scorer, alpha_grid, best_alpha, minmax_lists, rrf_lists
 
 DOCS = ["the cat sat on the mat", "a dog chased the cat", "dogs and cats and dogs", "stock market news"]
 

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from training.evaluate import metrics as m
+from esp_retrieval.training.evaluate import metrics as m
 
 
 def test_wikipedia_title_and_mentions() -> None:

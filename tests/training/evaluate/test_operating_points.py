@@ -7,11 +7,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from subspace.bundle import read_bundle, write_bundle
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
-from subspace.weights import WeightError
-from training.evaluate.operating_points import compute_operating_points, write_operating_points
+from esp_retrieval.subspace.bundle import read_bundle, write_bundle
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
+from esp_retrieval.subspace.weights import WeightError
+from esp_retrieval.training.evaluate.operating_points import compute_operating_points, write_operating_points
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 4, "entity": 2, "intent": 2})
 

@@ -6,11 +6,11 @@ from pathlib import Path
 
 import pytest
 
-from subspace.metrics import macro_f1
-from training.evaluate.config import load_eval_config
-from training.evaluate.evaluator import ModelEval
-from training.evaluate.report import pool_queries, seed_metrics
-from training.evaluate.runner import Run
+from esp_retrieval.subspace.metrics import macro_f1
+from esp_retrieval.training.evaluate.config import load_eval_config
+from esp_retrieval.training.evaluate.evaluator import ModelEval
+from esp_retrieval.training.evaluate.report import pool_queries, seed_metrics
+from esp_retrieval.training.evaluate.runner import Run
 
 CONFIG = Path(__file__).resolve().parents[3] / "configs" / "eval.yaml"
 

@@ -7,11 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from subspace.layout import SubspaceLayout
-from subspace.scoring import normalize_blocks
-from training.evaluate.benchmark import DLBench
-from training.evaluate.evaluator import Features, ZeroShot, evaluate_model
-from training.evaluate.retrieval import label_conflict, neighbours, ranking_conflict, score_dl, simplex_grid
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks
+from esp_retrieval.training.evaluate.benchmark import DLBench
+from esp_retrieval.training.evaluate.evaluator import Features, ZeroShot, evaluate_model
+from esp_retrieval.training.evaluate.retrieval import (
+    label_conflict,
+    neighbours,
+    ranking_conflict,
+    score_dl,
+    simplex_grid,
+)
 
 LAYOUT = SubspaceLayout.from_dims({"semantic": 2, "entity": 2})
 
@@ -116,7 +122,7 @@ def test_evaluate_zero_shot_end_to_end() -> None:
 def test_a_sparse_block_at_weight_zero_ranks_as_the_engine() -> None:
     """The exact dense + sparse sum agrees with the engine when the sparse weight is 0, and a
     sparse block alone ranks by its own scores (ties to the lower row)."""
-    from training.evaluate.retrieval import score_dl_sweep
+    from esp_retrieval.training.evaluate.retrieval import score_dl_sweep
 
     rng = np.random.default_rng(0)
     layout = SubspaceLayout.from_dims({"semantic": 8, "entity": 4})
@@ -139,7 +145,7 @@ def test_a_sparse_block_at_weight_zero_ranks_as_the_engine() -> None:
     tied = np.zeros((3, n))  # all tied: the top 10 are rows 0..9
     first = score_dl_sweep(bench, corpus, queries, layout, sweep=[{"semantic": 0, "entity": 0, "bm25": 1.0}],
                            year="dl19", sparse={"bm25": tied})[0]
-    from subspace.metrics import ndcg_at_k
+    from esp_retrieval.subspace.metrics import ndcg_at_k
 
     for i in range(3):
         top = np.argsort(-scores[i], kind="stable")[:10]
