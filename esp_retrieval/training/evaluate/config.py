@@ -65,6 +65,14 @@ class MethodSpec(_Strict):
         return self
 
 
+class LeverSpec(_Strict):
+    """A lever of the recipe: ``method`` has it, ``baseline`` is the same method without it
+    (:mod:`esp_retrieval.training.evaluate.levers`)."""
+
+    method: str
+    baseline: str
+
+
 class ClusterMethod(_Strict):
     method: str
     params: dict[str, Any] = Field(default_factory=dict)
@@ -101,6 +109,8 @@ class EvalConfig(_Strict):
     training: dict[str, Any]
     methods: dict[str, MethodSpec]
     clustering: ClusteringConfig = Field(default_factory=ClusteringConfig)
+    levers: dict[str, LeverSpec] = Field(
+        default_factory=dict, description="lever label -> the methods with and without it (one row each)")
     data_slice: DataSlice | None = None
     tiny_trunk: bool = Field(default=False, description="quick mode: a tiny random BERT as the trunk")
     quick: dict[str, Any] = Field(default_factory=dict)
@@ -114,6 +124,10 @@ class EvalConfig(_Strict):
             raise ValueError(f"front_method {self.front_method!r} must be a trained method")
         for name in self.methods:
             self.training_config(name)  # every method's merged config must validate
+        for name, lever in self.levers.items():
+            missing = [m for m in (lever.method, lever.baseline) if m not in self.methods]
+            if missing:
+                raise ValueError(f"levers.{name}: {missing} are not methods; allowed: {sorted(self.methods)}")
         return self
 
     def schedule(self) -> list[tuple[str, int | None]]:

@@ -24,6 +24,7 @@ from esp_retrieval.subspace.bundle import json_default
 from esp_retrieval.subspace.metrics import macro_f1
 from esp_retrieval.training.evaluate.diagnostics import StepLog, read_log, rolling_mean, summarize
 from esp_retrieval.training.evaluate.keyword_clustering import ClusterSpec, cluster_scores
+from esp_retrieval.training.evaluate.levers import ALPHA, compare
 from esp_retrieval.training.evaluate.metrics import hypervolume_2d, pareto_front
 from esp_retrieval.training.evaluate.operating_points import (
     ENTITY_METRIC,
@@ -208,6 +209,9 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
 
     paired = paired_tests(per_method, cross, cfg)
     anchor = anchor_comparison(per_method, cfg)
+    lever_rows = [compare(name, lv.method, lv.baseline, per_method=per_method, per_query=_per_query,
+                          metrics=(X, Y))
+                  for name, lv in cfg.levers.items() if lv.method in per_method and lv.baseline in per_method]
 
     # ---- diagnostics from the step logs ------------------------------------------------------
     logs: dict[str, list[StepLog]] = {}
@@ -257,6 +261,7 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
         "operating_points_cross_fitted": {str(s): v for s, v in cross.items()},
         "paired_tests": paired,
         "anchor": anchor,
+        "levers": lever_rows,
         "diagnostics": diag,
         "clustering": clustering,
         "data_conflict_tau": data_conflict(ctx),
@@ -268,11 +273,12 @@ def build_report(ctx: Context, runs: Sequence[Run], out: Path, *, elapsed_s: flo
     return results
 
 
-def _per_query(pm: Mapping[str, Any], metric: str) -> dict[str, float]:
-    """A method's per-query metric at its default weights, each query averaged over seeds."""
+def _per_query(pm: Mapping[str, Any], metric: str, seeds: Sequence[Any] | None = None) -> dict[str, float]:
+    """A method's per-query metric at its default weights, each query averaged over ``seeds``
+    (default: all of the method's)."""
     key = "ndcg" if metric == X else "entity_p"
     return mean_over_seeds([pool_queries([getattr(r.result, key) for r in pm["groups"][s]])
-                            for s in pm["seeds"]])
+                            for s in (pm["seeds"] if seeds is None else seeds)])
 
 
 def paired_tests(per_method: Mapping[str, Any], cross: Mapping[Any, Any], cfg: Any) -> list[dict[str, Any]]:
@@ -627,6 +633,7 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
         add("")
 
     lines.extend(_anchor_section(cfg, per_method, results))
+    lines.extend(_levers_section(cfg, results))
 
     # ---- conflict and geometry
     add("## Conflict proxy and effective rank")
@@ -723,6 +730,31 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
         "BERT and a data slice.")
     add("")
     return "\n".join(lines)
+
+
+def _levers_section(cfg: Any, results: Mapping[str, Any]) -> list[str]:
+    """One row per lever (:mod:`esp_retrieval.training.evaluate.levers`): with it minus without it."""
+    rows = results.get("levers") or []
+    if not rows:
+        return []
+    lines = ["## Levers: each one on and off", "",
+             "Each lever's method against the same method without it, on the seeds both were trained "
+             "with, at default weights: the paired differences over held-out queries (t-test p), the "
+             "intent macro-F1 and hypervolume differences (means over those seeds), and the verdict: "
+             f"a metric counts as moved when its paired p < {ALPHA:g}.", ""]
+    table = []
+    for r in rows:
+        t = r["tests"]
+        table.append([r["lever"], cfg.methods[r["method"]].label, cfg.methods[r["baseline"]].label,
+                      _seeds_text(r["seeds"]) if r["seeds"] else "deterministic",
+                      f"{t[X]['diff']:+.3f} (p {t[X]['p_ttest']:.2g})",
+                      f"{t[Y]['diff']:+.3f} (p {t[Y]['p_ttest']:.2g})",
+                      "—" if not math.isfinite(r["intent_f1_diff"]) else f"{r['intent_f1_diff']:+.3f}",
+                      f"{r['hypervolume_diff']:+.4f}", r["verdict"]])
+    lines.append(markdown_table(["lever", "with it", "without it", "seeds", "Δ NDCG@10", "Δ entity P@10",
+                                 "Δ intent F1", "Δ hypervolume", "verdict"], table))
+    lines.append("")
+    return lines
 
 
 def _anchor_section(cfg: Any, per_method: Mapping[str, Any], results: Mapping[str, Any]) -> list[str]:

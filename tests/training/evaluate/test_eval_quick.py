@@ -143,3 +143,20 @@ def test_operating_points_with_a_sparse_block_are_not_written_into_a_bundle(
     assert "'bm25'" in capsys.readouterr().err
     assert read_bundle(bundle_path).operating_points == before
     assert not (out / "again").exists()
+
+
+def test_every_lever_of_the_config_has_its_row(quick_run: tuple[Path, Path]) -> None:
+    """The ``levers:`` of configs/eval.yaml each get a row: the two methods compared on the seeds
+    both trained, with the difference the main table's per-seed numbers give."""
+    out, _ = quick_run
+    res = json.loads((out / "esp-bench.json").read_text())
+    levers = yaml.safe_load(CONFIG.read_text())["levers"]
+    assert [r["lever"] for r in res["levers"]] == list(levers)
+    for r in res["levers"]:
+        assert (r["method"], r["baseline"]) == (levers[r["lever"]]["method"], levers[r["lever"]]["baseline"])
+        on, off = (res["methods"][m] for m in (r["method"], r["baseline"]))
+        assert r["seeds"] == [0]  # quick mode trains seed 0 only
+        assert math.isclose(r["hypervolume_diff"], on["hypervolume"][0] - off["hypervolume"][0], abs_tol=1e-12)
+        assert r["verdict"].startswith(("helps", "hurts", "trade-off", "no significant effect"))
+    md = (out / "esp-bench.md").read_text()
+    assert "## Levers: each one on and off" in md and all(name in md for name in levers)
