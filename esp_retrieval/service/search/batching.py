@@ -22,7 +22,10 @@ while the worker is busy are always taken together.
 The queue is bounded in *queries*: when a request would overflow it, the caller gets 429 with
 ``Retry-After`` instead of a growing queue (docs/architecture.md section 3). It is also bounded
 in *time*: with a ``latency_budget_ms``, a request is refused (429) when the queries ahead of it
-would take longer than the budget at the measured engine cost (a fixed cost per batch plus one
+and its own would take longer than the budget, once per ``max_batch`` slice of the request (a
+search of 256 queries is not late for taking longer than one of a single query; were the budget
+the same for both, no large search would be admitted while others run), at the measured engine
+cost (a fixed cost per batch plus one
 per query, fitted to the recent batches: :mod:`esp_retrieval.service.search.cost`), and ``Retry-After``
 is the time that queue needs to drain at the measured rate; so what
 is admitted is answered in about the budget instead of waiting seconds behind work that cannot
@@ -375,13 +378,17 @@ class MicroBatcher:
         now = time.monotonic()
         wait = self.expected_wait(n, now)
         waited = now - arrived if arrived is not None else 0.0
-        if waited + wait > self.latency_budget:
+        # each batch-sized slice has the budget: a search of 256 queries is not late for taking
+        # longer than a search of one (else no large search is ever admitted while others run)
+        slices = math.ceil(n / self.max_batch)
+        if waited + wait > self.latency_budget * slices:
             self.metrics.queue_depth.set(self._depth)
             self.metrics.child(self.metrics.admission_refusals, "forecast").inc()
+            per = f" per {self.max_batch} queries ({slices} slices)" if slices > 1 else ""
             raise OverloadedError(
                 f"overloaded: the {self._depth} queries ahead would take about {wait * 1000:.0f} ms at the "
                 f"measured throughput after {waited * 1000:.0f} ms waited, over the latency budget of "
-                f"{self.latency_budget * 1000:.0f} ms (setting ESP_LATENCY_BUDGET_MS); retry later",
+                f"{self.latency_budget * 1000:.0f} ms{per} (setting ESP_LATENCY_BUDGET_MS); retry later",
                 retry_after=wait,
             )
 

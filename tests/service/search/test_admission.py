@@ -91,6 +91,31 @@ def test_a_request_that_would_wait_past_the_budget_is_429_with_retry_after_from_
     asyncio.run(run())
 
 
+def test_a_large_search_has_the_budget_once_per_slice(tmp_path: Path) -> None:
+    """A search of two micro-batches is admitted behind a busy engine when its wait fits twice the
+    budget (it was refused at once: 50 ms for 8 queries at 10 ms each), and refused past that."""
+    state = _state(tmp_path)
+
+    async def run() -> None:
+        b = _batcher(Metrics(), queue_size=1000, max_wait_ms=0, latency_budget_ms=50.0, max_batch=4)
+        await b.start()
+        now = time.monotonic()
+        b._batches.extend([(now, 4, 0.04), (now, 4, 0.04)])  # measured: 10 ms per query
+        busy = await _hold(b, state)
+        two_slices = asyncio.create_task(b.submit(state, _vectors(8, 1), np.ones(2), 1))  # ~80-90 ms <= 100
+        await asyncio.sleep(0.01)
+        assert b.depth == 8
+        with pytest.raises(OverloadedError) as err:  # 8 ahead + its own 8: ~160 ms > 2 x 50 ms
+            await b.submit(state, _vectors(8, 2), np.ones(2), 1)
+        assert "latency budget of 50 ms per 4 queries (2 slices)" in err.value.message
+        state.engine.gate.set()  # type: ignore[attr-defined]
+        _, hits = await asyncio.gather(busy, two_slices)
+        assert len(hits) == 8
+        await b.stop()
+
+    asyncio.run(run())
+
+
 def test_the_rate_is_measured_from_the_batches_run(tmp_path: Path) -> None:
     state = _state(tmp_path)
 
