@@ -7,12 +7,16 @@ A real server (``esp serve``, admin token, registry file) serves a synthetic bun
    stopped first: its unloaded p99 (one closed-loop caller, one-query vector searches) and its
    **peak**, ``--peak-concurrency`` closed-loop callers for ``--peak-seconds``: answered/s (its
    capacity; measured where the latency objective does not refuse the callers, which would
-   retry at once and measure their own retry storm);
+   retry at once and measure their own retry storm); and its **goodput peak**: the most answered/s
+   of closed-loop callers (1, 2, 4, ... up to ``--peak-concurrency``, ``--goodput-seconds`` each)
+   whose p99 is within the soak server's objective (below): the capacity *within* the objective,
+   which the plain peak (reached with large batches, far past the objective) is not;
 2. **the soak server**: its latency objective ``ESP_LATENCY_BUDGET_MS`` is ``--latency-budget-ms``
    when given, else ``--budget-over-unloaded`` (default 2) times the calibration's unloaded p99,
    the objective an operator sets from the latency served unloaded; **unloaded**: one
    closed-loop caller: p50 / p99 (the anchor the admitted latency is compared to);
-3. **soak**: open-loop arrivals at ``--overload`` x peak (default 2x) for ``--minutes``
+3. **soak**: open-loop arrivals at ``--overload`` x the peak (``--overload-of peak``, default) or
+   the goodput peak (``--overload-of goodput``) for ``--minutes``
    (default 10), every request on its own schedule (latency counted from when it was due, so
    client-side queueing is not hidden), while a hot reload alternates two bundles every
    ``--reload-every`` seconds (default 60) and the registry file's operating point changes every
@@ -23,10 +27,10 @@ A real server (``esp serve``, admin token, registry file) serves a synthetic bun
    own connection and reported apart (``attacks``: statuses by attack; a 5xx, a transport error
    or a refusal without ``Retry-After`` is lost).
 
-Reported: answered/s (200s), the 429 share, p50 / p99 of admitted (200) requests against the
-unloaded p50 / p99 (ratios; the p99 also against the calibration's), 5xx count, *lost* requests
-(no answer, a transport error, any status other than 200 / 429 / 503, or a 429 / 503 without
-``Retry-After``), the server's RSS and thread count at the start and end of the soak (and their
+Reported: answered/s (200s) and as a share of both peaks, the 429 share, p50 / p99 of admitted
+(200) requests against the unloaded p50 / p99 (ratios; the p99 also against the calibration's),
+5xx count, *lost* requests (no answer, a transport error, any status other than 200 / 429 /
+503, or a 429 / 503 without ``Retry-After``), the server's RSS and thread count at the start and end of the soak (and their
 ratio across the reloads), reloads and registry changes done; for the admitted requests, the
 p99 of the client's own delay in sending them (from due to on the wire: scheduling and the wait
 for a connection, inside their latency); the client's event-loop lag (p99) and CPU share; the
@@ -229,6 +233,27 @@ async def closed_loop(
 
     await asyncio.gather(*(caller(w) for w in range(concurrency)))
     return latencies, other
+
+
+async def goodput_levels(
+    conns: Conns, requests: list[bytes], args: argparse.Namespace, objective_ms: float
+) -> list[dict[str, Any]]:
+    """Closed-loop callers 1, 2, 4, ... up to ``--peak-concurrency``, ``--goodput-seconds`` each:
+    answered/s and p99 per level, and whether the p99 is within ``objective_ms``; stops at the
+    first level past it (more callers only queue longer)."""
+    levels: list[dict[str, Any]] = []
+    concurrency = 1
+    while concurrency <= args.peak_concurrency:
+        lat, other = await closed_loop(conns, requests, concurrency, args.goodput_seconds, args.timeout)
+        p99 = pct(lat, 99)
+        within = p99 is not None and p99 <= objective_ms
+        rate = round(len(lat) / args.goodput_seconds, 1)
+        levels.append({"concurrency": concurrency, "answered_per_s": rate, "p99_ms": p99, "not_200": other,
+                       "within_objective": within})
+        if not within:
+            break
+        concurrency *= 2
+    return levels
 
 
 class Tally:
@@ -497,13 +522,17 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         peak_lat, peak_other = await closed_loop(
             conns, requests, args.peak_concurrency, args.peak_seconds, args.timeout
         )
+        cal_p99 = pct(cal, 99)
+        assert cal_p99 is not None
+        budget_ms = args.latency_budget_ms or round(args.budget_over_unloaded * cal_p99, 2)
+        progress(f"goodput peak: closed-loop callers within the objective of {budget_ms} ms")
+        levels = await goodput_levels(conns, requests, args, budget_ms)
         await conns.close()
     finally:
         server.stop()
     peak = len(peak_lat) / args.peak_seconds
-    cal_p99 = pct(cal, 99)
-    assert cal_p99 is not None
-    budget_ms = args.latency_budget_ms or round(args.budget_over_unloaded * cal_p99, 2)
+    within = [lv for lv in levels if lv["within_objective"]]
+    goodput = max((lv["answered_per_s"] for lv in within), default=0.0)
     calibration = {"requests": len(cal), "p50_ms": pct(cal, 50), "p99_ms": cal_p99, "not_200": cal_other}
     server, host, port, requests = start("server", budget_ms)
     try:
@@ -511,9 +540,11 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
         progress(f"unloaded: one closed-loop caller (latency budget {budget_ms} ms)")
         await closed_loop(conns, requests, 1, 1.0, args.timeout)  # warm
         unloaded, unloaded_other = await closed_loop(conns, requests, 1, args.unloaded_seconds, args.timeout)
-        rate = args.overload * peak
+        rate = args.overload * (goodput if args.overload_of == "goodput" else peak)
         seconds = args.minutes * 60
-        progress(f"soak: {rate:.0f}/s offered ({args.overload}x the peak {peak:.0f}/s), {seconds:.0f}s")
+        base = (f"the goodput peak {goodput:.0f}/s" if args.overload_of == "goodput"
+                else f"the peak {peak:.0f}/s")
+        progress(f"soak: {rate:.0f}/s offered ({args.overload}x {base}), {seconds:.0f}s")
         samples = [{"t": 0.0, **proc_stats(server.proc.pid)}]
         c0, cpu0 = time.perf_counter(), time.process_time()
         client_lag: list[float] = []
@@ -554,8 +585,13 @@ async def run(args: argparse.Namespace, tmp: Path) -> dict[str, Any]:
                      "not_200": unloaded_other},
         "peak": {"server": "calibration", "concurrency": args.peak_concurrency,
                  "answered_per_s": round(peak, 1), "p99_ms": pct(peak_lat, 99), "not_200": peak_other},
+        "goodput_peak": {"server": "calibration", "objective_ms": budget_ms,
+                         "answered_per_s": round(goodput, 1), "levels": levels},
+        "overload_of": args.overload_of,
         "offered_per_s": round(rate, 1),
         "answered_per_s": round(answered / elapsed, 1),
+        "answered_over_peak": round(answered / elapsed / peak, 3) if peak else None,
+        "answered_over_goodput_peak": round(answered / elapsed / goodput, 3) if goodput else None,
         "requests": total + tally.lost,
         "statuses": {str(k): v for k, v in sorted(tally.status.items())},
         "share_429": round(tally.status.get(429, 0) / max(1, total), 4),
@@ -622,6 +658,11 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=None)
     p.add_argument("--k", type=int, default=10)
     p.add_argument("--overload", type=float, default=2.0, help="offered load as a multiple of the peak")
+    p.add_argument("--overload-of", choices=("peak", "goodput"), default="peak",
+                   help="the peak --overload multiplies: the closed-loop peak (default) or the goodput peak, "
+                   "the most answered within the objective")
+    p.add_argument("--goodput-seconds", type=float, default=5.0,
+                   help="seconds per concurrency level of the goodput peak (default 5)")
     p.add_argument("--reload-every", type=float, default=60.0, help="seconds between hot reloads")
     p.add_argument("--registry-every", type=float, default=120.0, help="seconds between registry changes")
     p.add_argument("--peak-concurrency", type=int, default=32)
@@ -658,7 +699,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.quick:
         args.minutes, args.docs = min(args.minutes, 0.5), min(args.docs, 5000)
         args.reload_every, args.registry_every = 6.0, 12.0
-        args.peak_seconds, args.unloaded_seconds = 4.0, 3.0
+        args.peak_seconds, args.unloaded_seconds, args.goodput_seconds = 4.0, 3.0, 1.5
         args.slow_connections = min(args.slow_connections, 8)
     with tempfile.TemporaryDirectory(prefix="esp-soak-") as tmp:
         result = run_client(run(args, Path(tmp)), args.uvloop)

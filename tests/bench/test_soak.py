@@ -32,4 +32,12 @@ def test_quick_soak_reports_one_line_without_5xx_or_lost_requests() -> None:
     assert set(attacks["statuses"]["filter"]) <= {"200", "429"}
     for key in ("answered_per_s", "share_429", "admitted_p99_ms", "unloaded", "rss_mb", "threads"):
         assert key in result
+    # the goodput peak: levels of doubling callers, up to the first past the objective
+    good = result["goodput_peak"]
+    levels = good["levels"]
+    assert [lv["concurrency"] for lv in levels] == [2**i for i in range(len(levels))]
+    assert all(lv["within_objective"] for lv in levels[:-1])
+    within = [lv["answered_per_s"] for lv in levels if lv["within_objective"]]
+    assert good["answered_per_s"] == max(within, default=0.0)
+    assert good["objective_ms"] == result["latency_budget_ms"]
     assert proc.returncode == 0
