@@ -29,12 +29,12 @@ A real server (``esp serve``, admin token, registry file) serves a synthetic bun
 
 Reported: answered/s (200s) and as a share of both peaks, the 429 share, p50 / p99 of admitted
 (200) requests against the unloaded p50 / p99 (ratios; the p99 also against the calibration's),
-5xx count, *lost* requests (no answer, a transport error, any status other than 200 / 429 /
-503, or a 429 / 503 without ``Retry-After``), the server's RSS and thread count at the start and end of the soak (and their
-ratio across the reloads), reloads and registry changes done; for the admitted requests, the
-p99 of the client's own delay in sending them (from due to on the wire: scheduling and the wait
-for a connection, inside their latency); the client's event-loop lag (p99) and CPU share; the
-429s by reason (from their message).
+5xx count, *lost* requests (no answer, a transport error, any status other than 200 / 429 / 503,
+or a 429 / 503 without ``Retry-After``), the server's RSS and thread count at the start and end of
+the soak (and their ratio across the reloads), reloads and registry changes done; for the admitted
+requests, the p99 of the client's own delay in sending them (from due to on the wire: scheduling
+and the wait for a connection, inside their latency); the client's event-loop lag (p99) and CPU
+share; the 429s by reason (from their message).
 
 Everything runs on this machine's cores, so by default (``--pin``, with two cores or more) the
 load client runs on the first core and the server (event loop, engine, reloads) on the others,
