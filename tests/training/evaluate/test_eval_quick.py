@@ -93,6 +93,10 @@ def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
     for method in ("single_pcgrad_dwa", "esp_adapter_pcgrad_dwa"):
         assert 0.0 <= res["diagnostics"][method]["proj[semantic/entity]"] <= 1.0
     assert res["diagnostics"]["single_head"]["proj[semantic/entity]"] == 0.0  # no surgery, no projection
+    # the query tower (query_top:N) is shared by the semantic and intent losses: PCGrad sees the pair
+    tower = res["diagnostics"]["esp_query_tower_pcgrad_dwa"]
+    assert 0.0 <= tower["proj[semantic/intent]"] <= 1.0 and -1.0 <= tower["cos[semantic/intent]"] <= 1.0
+    assert res["diagnostics"]["esp_query_tower"]["proj[semantic/intent]"] == 0.0  # plain sum
     assert "proj[semantic/entity]" not in res["diagnostics"]["esp"]  # ESP shares nothing: no pairs
     rows = res["clustering"]["rows"]
     assert {r["setting"] for r in rows if r["method"] == fm} == set(res["clustering"]["settings"])
