@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from esp_retrieval.training.features import FeatureStore
+from esp_retrieval.training.features import FeatureStore, all_cores
 from esp_retrieval.training.model import ESPModel, Trunk, mean_pool
 
 #: (untrained trunk fingerprint, split layer) -> text -> hidden states ``(tokens, H)`` below the tower
@@ -65,17 +65,19 @@ class QueryTower:
         was = model.training
         model.eval()
         device = next(model.parameters()).device
-        try:
-            for start in range(0, len(todo), self.batch_size):
-                chunk = todo[start : start + self.batch_size]
-                batch = {k: v.to(device) for k, v in self.trunk.tokenize(chunk).items()}
-                out = model(**batch, output_hidden_states=True)
-                hidden = out.hidden_states[self.split]
-                lengths = batch["attention_mask"].sum(1).tolist()
-                for i, t in enumerate(chunk):
-                    self._states[t] = hidden[i, : int(lengths[i])].detach().clone()
-        finally:
-            model.train(was)
+        # a forward pass over every query: GEMM-bound, scales with the cores
+        with all_cores():
+            try:
+                for start in range(0, len(todo), self.batch_size):
+                    chunk = todo[start : start + self.batch_size]
+                    batch = {k: v.to(device) for k, v in self.trunk.tokenize(chunk).items()}
+                    out = model(**batch, output_hidden_states=True)
+                    hidden = out.hidden_states[self.split]
+                    lengths = batch["attention_mask"].sum(1).tolist()
+                    for i, t in enumerate(chunk):
+                        self._states[t] = hidden[i, : int(lengths[i])].detach().clone()
+            finally:
+                model.train(was)
 
     def forward(self, texts: Sequence[str], *, trained: bool = True) -> torch.Tensor:
         """Pooled query features ``(n, H)``; with gradients through the trained layers (when enabled)."""
