@@ -71,7 +71,7 @@ class TrunkConfig(_Strict):
     mode: str = Field(
         default="frozen",
         description="frozen | top:N | full | query_top:N (the top N layers train for queries only; "
-        "passages keep the frozen features, training.query_tower)")
+        "passages keep the frozen features, esp_retrieval.training.query_tower)")
     max_length: int | None = Field(
         default=None, ge=8,
         description="tokens per text; null = the trunk's own max_seq_length (its sentence-transformers "
