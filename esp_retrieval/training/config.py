@@ -68,14 +68,18 @@ class SparseBlockSpec(_Strict):
 
 class TrunkConfig(_Strict):
     path: str | None = Field(default=None, description="HF model folder; null = all-MiniLM-L6-v2 package")
-    mode: str = Field(default="frozen", description="frozen | top:N | full")
+    mode: str = Field(
+        default="frozen",
+        description="frozen | top:N | full | query_top:N (the top N layers train for queries only; "
+        "passages keep the frozen features, esp_retrieval.training.query_tower)")
     max_length: int | None = Field(
         default=None, ge=8,
         description="tokens per text; null = the trunk's own max_seq_length (its sentence-transformers "
         "config: 256 for all-MiniLM-L6-v2), what sentence-transformers and MTEB run")
     encode_batch_size: int = Field(default=64, ge=1)
     features_cache: str | None = Field(
-        default="artifacts/cache/features", description="frozen mode: folder for cached trunk features"
+        default="artifacts/cache/features",
+        description="frozen and query_top modes: folder for cached trunk features"
     )
     features_shipped: bool = Field(
         default=True,

@@ -20,7 +20,10 @@ cosine classifier (``scale * cos(z, prototype_c)``) from the vector its loss rea
 similarity between two texts is meaningful at serving time.
 
 Trunk modes: ``frozen`` (no trunk gradients; pooled features may be cached, see
-:mod:`esp_retrieval.training.features`), ``top:N`` (only the top N transformer layers train), ``full``.
+:mod:`esp_retrieval.training.features`), ``top:N`` (only the top N transformer layers train), ``full``,
+and ``query_top:N``: the top N layers train on the query side only (an asymmetric bi-encoder,
+:mod:`esp_retrieval.training.query_tower`): passages keep the frozen trunk's cached features,
+queries run the trained layers over cached hidden states from below them.
 Shared parameters (what gradient surgery works on) are the trainable trunk layers, the
 adapter and, for ``single_head``, the head; :meth:`ESPModel.task_parameters` are the rest.
 """
@@ -46,12 +49,13 @@ from esp_retrieval.subspace.lexical import HashedNgrams
 
 SINGLE_HEAD = "shared"
 
-_TOP = re.compile(r"^top:(\d+)$")
+_TOP = re.compile(r"^(top|query_top):(\d+)$")
 
 
 @dataclass(frozen=True)
 class TrunkMode:
-    """``frozen``, ``full`` or ``top:N`` (N >= 1 trainable top layers)."""
+    """``frozen``, ``full``, ``top:N`` (N >= 1 trainable top layers) or ``query_top:N`` (the top N
+    layers train for queries only; passages stay at the frozen trunk's features)."""
 
     kind: str
     top: int = 0
@@ -61,12 +65,18 @@ class TrunkMode:
         if text in ("frozen", "full"):
             return cls(text)
         m = _TOP.match(text)
-        if m and int(m.group(1)) >= 1:
-            return cls("top", int(m.group(1)))
-        raise ValueError(f"trunk mode {text!r} is invalid; allowed: 'frozen', 'full', 'top:N' (N >= 1)")
+        if m and int(m.group(2)) >= 1:
+            return cls(m.group(1), int(m.group(2)))
+        raise ValueError(
+            f"trunk mode {text!r} is invalid; allowed: 'frozen', 'full', 'top:N', 'query_top:N' (N >= 1)")
+
+    @property
+    def query_only(self) -> bool:
+        """True for ``query_top:N``: passages are embedded by the frozen trunk (cached features)."""
+        return self.kind == "query_top"
 
     def __str__(self) -> str:
-        return f"top:{self.top}" if self.kind == "top" else self.kind
+        return f"{self.kind}:{self.top}" if self.kind in ("top", "query_top") else self.kind
 
 
 #: sentence-transformers' config of a model folder: ``max_seq_length`` is what it encodes at
@@ -104,10 +114,10 @@ class Trunk(nn.Module):
         self.hidden_size = int(model.config.hidden_size)
         for p in self.model.parameters():
             p.requires_grad_(mode.kind == "full")
-        if mode.kind == "top":
-            layers = self._layers()
+        if mode.kind in ("top", "query_top"):
+            layers = self.layers()
             if mode.top > len(layers):
-                raise ValueError(f"trunk mode top:{mode.top} but the trunk has only {len(layers)} layers")
+                raise ValueError(f"trunk mode {mode} but the trunk has only {len(layers)} layers")
             for layer in layers[-mode.top :]:
                 for p in layer.parameters():
                     p.requires_grad_(True)
@@ -122,11 +132,12 @@ class Trunk(nn.Module):
         length = own_max_length(path, tokenizer) if max_length is None else max_length
         return cls(model, tokenizer, max_length=length, mode=mode)
 
-    def _layers(self) -> nn.ModuleList:
+    def layers(self) -> nn.ModuleList:
+        """The transformer layers, bottom first (``encoder.layer`` of a BERT-like model)."""
         enc = getattr(self.model, "encoder", None)
         layers = getattr(enc, "layer", None)
         if not isinstance(layers, nn.ModuleList):
-            raise ValueError("trunk mode top:N needs a BERT-like model with encoder.layer")
+            raise ValueError("trunk modes top:N and query_top:N need a BERT-like model with encoder.layer")
         return layers
 
     @property

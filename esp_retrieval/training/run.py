@@ -21,7 +21,7 @@ import torch
 
 from esp_retrieval.training.config import TrainConfig
 from esp_retrieval.training.data import DEFAULT_DATA_DIR
-from esp_retrieval.training.data.objectives import DataContext, ObjectiveData, Split, build_objective
+from esp_retrieval.training.data.objectives import DataContext, ObjectiveData, PairSet, Split, build_objective
 from esp_retrieval.training.features import (
     SHIPPED_SUBDIR,
     FeatureStore,
@@ -32,6 +32,7 @@ from esp_retrieval.training.features import (
 )
 from esp_retrieval.training.losses import Loss, TaskOutput, build_loss
 from esp_retrieval.training.model import ESPModel, HeadSpec, Trunk, TrunkMode
+from esp_retrieval.training.query_tower import QueryTower, TowerStore
 from esp_retrieval.training.surgery import Surgery, build_surgery
 from esp_retrieval.training.weighting import Weighting, build_weighting
 
@@ -74,7 +75,9 @@ class RunParts:
     surgery: Surgery
     corpus_ids: list[str] = field(default_factory=list)
     corpus_texts: list[str] = field(default_factory=list)
-    store: FeatureStore | None = None  # frozen trunk: pooled features of every text the run embeds
+    #: frozen trunk: pooled features of every text the run embeds; ``query_top:N``: a
+    #: :class:`esp_retrieval.training.query_tower.TowerStore` (queries through the tower, passages frozen)
+    store: FeatureStore | TowerStore | None = None
     data_hashes: dict[str, str] = field(default_factory=dict)
     timings: dict[str, float] = field(default_factory=dict)  # data_s, features_s
 
@@ -168,7 +171,27 @@ def feature_store(
     return FeatureStore([*corpus_texts, *rest], np.concatenate(parts), torch.device(config.device))
 
 
-def init_heads_from_data(model: ESPModel, tasks: list[Task], store: FeatureStore | None) -> None:
+def passage_texts(corpus_texts: list[str], tasks: list[Task]) -> set[str]:
+    """The passage side of a query tower: the corpus and the positives and negatives of pair
+    objectives (every other text a run embeds is a query)."""
+    out = set(corpus_texts)
+    for t in tasks:
+        train = t.data.train
+        if isinstance(train, PairSet):
+            out |= set(train.positives) | {n for v in train.negatives.values() for n in v}
+    return out
+
+
+def tower_store(model: ESPModel, frozen: FeatureStore, corpus_texts: list[str], tasks: list[Task], *,
+                fingerprint: str | None, batch_size: int = 64) -> TowerStore:
+    """Trunk mode ``query_top:N``: the query tower over ``frozen`` (the frozen trunk's features)."""
+    tower = QueryTower(model.trunk, fingerprint=fingerprint, batch_size=batch_size)
+    store = TowerStore(model, frozen, tower, passage_texts(corpus_texts, tasks))
+    tower.prepare(t for task in tasks for t in task.texts() if store.is_query(t))
+    return store
+
+
+def init_heads_from_data(model: ESPModel, tasks: list[Task], store: FeatureStore | TowerStore | None) -> None:
     """Heads with ``init: pca`` start at the principal directions of their objective's training
     texts (the intent prototypes at its class means), read from ``store`` or the trunk."""
     for t in tasks:
@@ -217,11 +240,14 @@ def build_run(
     model.init_lexical_idf(corpus_texts)
     cache = config.trunk.features_cache if features_cache is USE_CONFIG else features_cache
     t1 = time.perf_counter()
-    store = (
-        feature_store(config, model, corpus_texts, tasks, cache=cache, data_dir=ctx.data_dir)
-        if model.trunk.frozen
-        else None
-    )
+    query_only = model.trunk.mode.query_only
+    store: FeatureStore | TowerStore | None = None
+    if model.trunk.frozen or query_only:
+        store = feature_store(config, model, corpus_texts, tasks, cache=cache, data_dir=ctx.data_dir)
+    if query_only:  # the frozen features serve the passage side; queries go through the tower
+        assert isinstance(store, FeatureStore)
+        store = tower_store(model, store, corpus_texts, tasks, fingerprint=trunk_fingerprint(model.trunk),
+                            batch_size=config.trunk.encode_batch_size)
     timings["features_s"] = time.perf_counter() - t1
     init_heads_from_data(model, tasks, store)
     return RunParts(

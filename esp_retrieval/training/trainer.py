@@ -37,6 +37,7 @@ from esp_retrieval.subspace.atomic import atomic_write_text
 from esp_retrieval.training.config import TrainConfig
 from esp_retrieval.training.heldout import evaluate_heldout
 from esp_retrieval.training.model import ESPModel
+from esp_retrieval.training.query_tower import TowerStore
 from esp_retrieval.training.run import USE_CONFIG, RunParts, build_run
 
 log = logging.getLogger(__name__)
@@ -87,6 +88,8 @@ class Trainer:
         return self.store(texts) if self.store is not None else self.model.pooled(texts)
 
     def pooled_np(self, texts: list[str]) -> np.ndarray:
+        if isinstance(self.store, TowerStore):  # queries through the tower, in evaluation mode
+            return self.store.features_np(texts)
         if self.store is not None:
             return self.store(texts).cpu().numpy()
         return self.model.text_features(texts, batch_size=self.config.trunk.encode_batch_size)

@@ -122,20 +122,32 @@ def prepare(cfg: EvalConfig, data_dir: Path, work_dir: Path) -> Context:
                    orcas_test, mimics, trunk_path)
 
 
+def _query_texts(ctx: Context) -> tuple[list[str], list[str]]:
+    """The ids and texts of every TREC DL query, year by year."""
+    qids = [q for y in ctx.bench.queries for q in ctx.bench.queries[y]]
+    return qids, [ctx.bench.queries[y][q] for y in ctx.bench.queries for q in ctx.bench.queries[y]]
+
+
 def _features(ctx: Context, trainer: Any) -> Features:
     """Pooled features of everything evaluated, from the trainer's store (frozen trunk) and the
-    feature cache for the texts the trainer does not embed (all DL queries, MIMICS texts)."""
-    from esp_retrieval.training.features import pooled_features
+    feature cache for the texts the trainer does not embed (all DL queries, MIMICS texts).
 
-    store = trainer.store
+    A query-tower run (trunk mode ``query_top:N``) contributes its frozen features only: the
+    untrained tower for the texts its store lacks (its trunk has trained layers by now)."""
+    from esp_retrieval.training.features import pooled_features
+    from esp_retrieval.training.query_tower import TowerStore
+
+    tower = trainer.store if isinstance(trainer.store, TowerStore) else None
+    store = tower.frozen if tower is not None else trainer.store
     if store is None:
-        raise ValueError("evaluation needs a frozen trunk (training.trunk.mode: frozen)")
-    qids = [q for y in ctx.bench.queries for q in ctx.bench.queries[y]]
-    qtexts = [ctx.bench.queries[y][q] for y in ctx.bench.queries for q in ctx.bench.queries[y]]
+        raise ValueError("evaluation needs cached trunk features (trunk mode frozen or query_top:N)")
+    qids, qtexts = _query_texts(ctx)
     needed = qtexts + ctx.orcas_texts + ctx.bench.texts + ctx.mimics.texts
     missing = sorted({t for t in needed if t not in store.row})
     extra: dict[str, np.ndarray] = {}
-    if missing:
+    if missing and tower is not None:
+        extra = dict(zip(missing, tower.query_features_np(missing, trained=False), strict=True))
+    elif missing:
         feats = pooled_features(trainer.model.trunk, missing, trainer.config.trunk.features_cache,
                                 batch_size=trainer.config.trunk.encode_batch_size, desc="eval-only texts")
         extra = dict(zip(missing, trainer.model.with_lexical(missing, feats), strict=True))
@@ -185,6 +197,7 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
     if ctx.features is None:
         ctx.features = _features(ctx, trainer)
         ctx.timings["hidden_size"] = float(trainer.model.trunk.hidden_size)
+    features = _tower_features(ctx, trainer, ctx.features)
     layout = result.model.layout
     esp = tc.architecture == "esp"
     spec = cfg.methods[method].sparse
@@ -193,7 +206,7 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
     sweep = simplex_grid([*layout.names, *(sparse or {})], cfg.sweep_step) if esp else []
     test = ctx.orcas_test[intent_fold]
     ev = evaluate_model(
-        ModelEmbedder(result.model), ctx.features, ctx.bench, eval_year=heldout_year,
+        ModelEmbedder(result.model), features, ctx.bench, eval_year=heldout_year,
         orcas_labels=ctx.orcas_labels, orcas_test=test, sweep=sweep,
         keep_embeddings=method == cfg.front_method, erank_rows=5000, sparse=sparse, sparse_defaults=defaults,
     )
@@ -202,6 +215,21 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
              method, seed, heldout_year, fold, np.mean(list(ev.ndcg.values())),
              np.mean(list(ev.entity_p.values())), timings["train_total_s"], timings["eval_s"])
     return Run(method, seed, heldout_year, intent_fold, test, ev, result.log_path, timings, layout)
+
+
+def _tower_features(ctx: Context, trainer: Any, frozen: Features) -> Features:
+    """A query-tower run's features: the passages' frozen ones, every query (TREC DL, ORCAS-I,
+    MIMICS) through its trained tower; any other run's: ``frozen`` as they are."""
+    from esp_retrieval.training.query_tower import TowerStore
+
+    store = trainer.store
+    if not isinstance(store, TowerStore):
+        return frozen
+    qids, qtexts = _query_texts(ctx)
+    queries = store.query_features_np(qtexts)
+    mimics = store.query_features_np(ctx.mimics.texts) if ctx.mimics.texts else frozen.mimics
+    return Features(corpus=frozen.corpus, queries=dict(zip(qids, queries, strict=True)),
+                    orcas=store.query_features_np(ctx.orcas_texts), mimics=mimics)
 
 
 def sparse_scores(ctx: Context, spec: Any) -> dict[str, np.ndarray]:

@@ -93,6 +93,10 @@ def test_results_json_is_consistent(quick_run: tuple[Path, Path]) -> None:
     for method in ("single_pcgrad_dwa", "esp_adapter_pcgrad_dwa"):
         assert 0.0 <= res["diagnostics"][method]["proj[semantic/entity]"] <= 1.0
     assert res["diagnostics"]["single_head"]["proj[semantic/entity]"] == 0.0  # no surgery, no projection
+    # the query tower (query_top:N) is shared by the semantic and intent losses: PCGrad sees the pair
+    tower = res["diagnostics"]["esp_query_tower_pcgrad_dwa"]
+    assert 0.0 <= tower["proj[semantic/intent]"] <= 1.0 and -1.0 <= tower["cos[semantic/intent]"] <= 1.0
+    assert res["diagnostics"]["esp_query_tower"]["proj[semantic/intent]"] == 0.0  # plain sum
     assert "proj[semantic/entity]" not in res["diagnostics"]["esp"]  # ESP shares nothing: no pairs
     rows = res["clustering"]["rows"]
     assert {r["setting"] for r in rows if r["method"] == fm} == set(res["clustering"]["settings"])
@@ -115,7 +119,9 @@ def test_hybrid_anchor_rows(quick_run: tuple[Path, Path]) -> None:
     zs = res["methods"]["zero_shot"]["per_seed"]["None"]
     assert math.isclose(curve[0]["metrics"]["ndcg@10"], zs["ndcg@10"], abs_tol=1e-12)
     anchor = next(a for a in res["anchor"] if a["hybrid"] == "hybrid_minmax" and a["method"] == "esp_sparse")
-    assert {a["method"] for a in res["anchor"]} == {"esp_sparse"}  # the front, and what has a sparse block
+    methods = yaml.safe_load(CONFIG.read_text())["methods"]
+    sparse = {name for name, spec in methods.items() if "sparse" in spec}
+    assert {a["method"] for a in res["anchor"]} == {"esp_sparse"} | sparse  # the front, and what has a sparse block
     assert set(anchor["alpha_used_on"]) == {"dl19", "dl20"}
     best = max(p["metrics"]["ndcg@10"] for p in curve)
     assert math.isclose(anchor["best"]["ndcg@10"], best, abs_tol=1e-12)
