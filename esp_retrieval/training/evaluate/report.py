@@ -478,7 +478,8 @@ def render(ctx: Context, per_method: Mapping[str, Any], results: Mapping[str, An
         + ". "
         "Frozen-trunk training: the all-MiniLM-L6-v2 trunk is frozen, its mean-pooled features are "
         "computed once and cached; each method trains its heads (and the shared residual adapter where "
-        "one is configured).")
+        "one is configured; a query-tower row, trunk mode `query_top:N`, also trains the trunk's top N "
+        "layers on the query side, the passages keeping the frozen features).")
     add("")
     tim = [v for k, v in results["timings"].items() if "features_s" in v]
     if tim:
