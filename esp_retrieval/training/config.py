@@ -178,6 +178,11 @@ class TrainConfig(BaseSettings):
                 f"sparse.name {self.sparse.name!r} is an objective's name; a weight names one block")
         if not names:
             raise ValueError("objectives: at least one objective is required")
+        if self.export.enabled and self.trunk.mode.startswith("query_top"):
+            raise ValueError(
+                f"trunk.mode {self.trunk.mode!r} trains a query-only tower, so a bundle's one encoder could "
+                "not embed documents as the corpus was (esp index, live upserts); set export.enabled false "
+                "(evaluation) or use 'frozen', 'top:N' or 'full'")
         if len(set(names)) != len(names):
             raise ValueError(f"objectives: duplicate names in {names}")
         from esp_retrieval.training.data.objectives import BUILDERS

@@ -84,3 +84,12 @@ def test_a_step_trains_only_the_tower_and_leaves_the_passage_side(tiny_data_dir:
     # the untrained copy still gives the frozen features
     np.testing.assert_allclose(store.query_features_np(queries, trained=False), frozen.pooled_np(queries),
                                atol=1e-5, rtol=0)
+
+
+def test_a_query_tower_is_not_exported_as_the_bundles_one_encoder(tiny_data_dir: Path, tiny_bert_dir: Path) -> None:
+    """A bundle has one encoder, which also embeds documents (esp index, live upserts): a query-only
+    tower would embed them unlike the corpus, so such a run is evaluation-only."""
+    trunk = {"path": str(tiny_bert_dir), "mode": "query_top:1", "max_length": 32, "features_cache": None}
+    with pytest.raises(ValueError, match="trunk.mode 'query_top:1' trains a query-only tower"):
+        tiny_train_config(tiny_data_dir, tiny_bert_dir, trunk=trunk, export={"enabled": True})
+    tiny_train_config(tiny_data_dir, tiny_bert_dir, trunk=trunk)  # export off: evaluation runs are fine
