@@ -742,7 +742,9 @@ def _levers_section(cfg: Any, results: Mapping[str, Any]) -> list[str]:
              "Each lever's method against the same method without it, on the seeds both were trained "
              "with, at default weights: the paired differences over held-out queries (t-test p), the "
              "intent macro-F1 and hypervolume differences (means over those seeds), and the verdict: "
-             f"a metric counts as moved when its paired p < {ALPHA:g}.", ""]
+             f"a retrieval metric counts as moved when its paired p < {ALPHA:g}. The intent F1 difference "
+             "is not tested (macro-F1 over pooled predictions has no per-query pairing) and does not enter "
+             "the verdict.", ""]
     table = []
     for r in rows:
         t = r["tests"]
