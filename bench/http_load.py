@@ -386,10 +386,6 @@ def measure_level(
     return r
 
 
-#: the code folder of a checkout: today's, or before the one-package layout
-LAYOUTS = ("esp_retrieval", "esp_cli")
-
-
 def compare_trees(
     bundle: Path, args: argparse.Namespace, queries: np.ndarray, concurrency: int, tmp: Path
 ) -> dict[str, Any]:
@@ -573,7 +569,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--rounds", type=int, default=3, help="rounds of --against (default 3)")
     args = p.parse_args(argv)
     levels: list[int] = args.concurrency
-    if args.against is not None and not any((args.against / d).is_dir() for d in LAYOUTS):
+    if args.against is not None and not any((args.against / d).is_dir() for d in live_server.CLI_MODULES):
         p.error(f"--against: {args.against} is not a checkout of this repository (no esp_retrieval/)")
     if args.rounds < 1:
         p.error(f"--rounds must be at least 1, got {args.rounds}")

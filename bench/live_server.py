@@ -26,16 +26,21 @@ from types import TracebackType
 
 import httpx
 
-#: The folder holding the ``service`` and ``subspace`` packages of this checkout.
+#: This checkout's root, the folder holding its ``esp_retrieval`` package.
 SOURCE_ROOT = Path(__file__).resolve().parent.parent
 
 
+#: a checkout's code folder -> the ``-m`` module of its ``esp`` command: today's, then the one from
+#: before the one-package layout (docs/architecture.md, section 2)
+CLI_MODULES = {"esp_retrieval": "esp_retrieval.cli", "esp_cli": "esp_cli"}
+
+
 def cli_module(checkout: str | Path | None = None) -> str:
-    """The ``-m`` module of the ``esp`` command in ``checkout`` (default: this one); checkouts
-    from before the one-package layout (docs/architecture.md, section 2) have ``esp_cli/``."""
+    """The ``-m`` module of the ``esp`` command in ``checkout`` (default: this one)."""
     root = SOURCE_ROOT if checkout is None else Path(checkout)
-    old_layout = (root / "esp_cli").is_dir() and not (root / "esp_retrieval").is_dir()
-    return "esp_cli" if old_layout else "esp_retrieval.cli"
+    return next((m for d, m in CLI_MODULES.items() if (root / d).is_dir()), CLI_MODULES["esp_retrieval"])
+
+
 LOOPBACK = "127.0.0.1"
 LOG_TAIL = 3000
 #: While this variable is set, :func:`spawn` refuses to start anything and raises with its value.
