@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import scipy.sparse as sp
 
 from esp_retrieval.subspace.atomic import atomic_dir, atomic_open, atomic_write_text
 from esp_retrieval.subspace.bundle import (
@@ -187,13 +188,13 @@ def _assign(quantiser: Any, x: np.ndarray) -> np.ndarray:
     return labels[:, 0].astype(np.int64)
 
 
-def _segment_sums(x: np.ndarray, labels: np.ndarray, nlist: int) -> np.ndarray:
-    """``(nlist, d)`` float64: the sum of the rows of ``x`` per label; ``labels`` sorted."""
-    out = np.zeros((nlist, x.shape[1]), np.float64)
-    if len(labels):
-        starts = np.flatnonzero(np.concatenate([[True], labels[1:] != labels[:-1]]))
-        out[labels[starts]] = np.add.reduceat(x, starts, axis=0, dtype=np.float64)
-    return out
+def _list_sums(x: np.ndarray, labels: np.ndarray, nlist: int) -> np.ndarray:
+    """``(nlist, d)`` float64: the sum of the rows of ``x`` ``(n, d)`` per label, as one sparse
+    one-hot product (rows in any order; float32 products, float64 totals across chunks)."""
+    onehot = sp.csr_matrix(
+        (np.ones(len(labels), np.float32), (labels, np.arange(len(labels)))), shape=(nlist, len(labels))
+    )
+    return np.asarray(onehot @ x, dtype=np.float64)
 
 
 def _quantise(x: np.ndarray, scale: np.ndarray, dtype: Any) -> np.ndarray:
@@ -233,7 +234,7 @@ def build_index(corpus: np.ndarray, layout: SubspaceLayout, params: IvfParams | 
     sample_n = min(n, max(nlist, params.train_rows * nlist))
     sample_rows = np.sort(rng.choice(n, size=sample_n, replace=False))
     sample = np.asarray(corpus[sample_rows], dtype=np.float32)
-    indicator = layout.indicator(np.float64)
+    indicator32 = layout.indicator(np.float32)
     parts = []
     timings = []
     for group in groups:
@@ -244,35 +245,34 @@ def build_index(corpus: np.ndarray, layout: SubspaceLayout, params: IvfParams | 
             [_assign(quantiser, _rows32(corpus, s, s + _CHUNK)[:, cols]) for s in range(0, n, _CHUNK)]
         )
         order = np.argsort(labels, kind="stable").astype(np.int64)
+        position = np.empty(n, np.int64)
+        position[order] = np.arange(n)
         counts = np.bincount(labels, minlength=nlist)
         offsets = np.concatenate([[0], np.cumsum(counts)]).astype(np.int64)
-        codes = np.empty((n, d), dtype)
+        # pass 1 (corpus order, sequential reads): the list means
         sums = np.zeros((nlist, d), np.float64)
-        sq = np.zeros((nlist, d), np.float64)
         for s in range(0, n, _CHUNK):
-            rows = order[s : s + _CHUNK]
-            x = np.asarray(corpus[np.sort(rows)], dtype=np.float32)[np.argsort(np.argsort(rows))]
-            codes[s : s + len(rows)] = _quantise(x, scale, dtype)
-            lab = labels[rows]  # sorted: the chunk is in list order
-            sums += _segment_sums(x, lab, nlist)
-            sq += _segment_sums(np.square(x, dtype=np.float64), lab, nlist)
+            sums += _list_sums(_rows32(corpus, s, s + _CHUNK), labels[s : s + _CHUNK], nlist)
         cnt = np.maximum(counts, 1)[:, None]
-        means64 = sums / cnt
-        variances = np.maximum(sq / cnt - means64 * means64, 0.0).astype(np.float32)
-        means: np.ndarray = means64.astype(np.float32)
+        means: np.ndarray = (sums / cnt).astype(np.float32)
+        # pass 2: codes (scattered to their list position), per-column spread and per-block radii
+        # about the stored float32 means (the bound needs only that ``radii`` are measured from
+        # the very centres the search uses)
+        codes = np.empty((n, d), dtype)
+        sq_sums = np.zeros((nlist, d), np.float64)
         radii_sq = np.zeros((nlist, len(layout)), np.float64)
         for s in range(0, n, _CHUNK):
-            rows = order[s : s + _CHUNK]
-            xd = np.asarray(corpus[np.sort(rows)], dtype=np.float64)[np.argsort(np.argsort(rows))]
-            lab = labels[rows]
-            dist = ((xd - means[lab].astype(np.float64)) ** 2) @ indicator  # (rows, K)
-            # rows are in list order: each list is one run of equal labels in the chunk
-            starts = np.flatnonzero(np.concatenate([[True], lab[1:] != lab[:-1]]))
-            run_max = np.maximum.reduceat(dist, starts, axis=0)
-            np.maximum(radii_sq[lab[starts]], run_max, out=run_max)
-            radii_sq[lab[starts]] = run_max
-        # rounded up so that the bound stays a bound after float32 means and float64 sums
-        radii = np.sqrt(radii_sq) * (1.0 + 1e-6) + 1e-7
+            x = _rows32(corpus, s, s + _CHUNK)
+            lab = labels[s : s + _CHUNK]
+            codes[position[s : s + _CHUNK]] = _quantise(x, scale, dtype)
+            dev = x - means[lab]
+            np.square(dev, out=dev)
+            sq_sums += _list_sums(dev, lab, nlist)
+            np.maximum.at(radii_sq, lab, (dev @ indicator32).astype(np.float64))
+        variances = (sq_sums / cnt).astype(np.float32)
+        # float32 sums of at most max-block-width non-negative terms: relative error below
+        # (width + 2) u; rounded up by twice that, so the bound stays a bound
+        radii = np.sqrt(radii_sq * (1.0 + 2.0 * (max(layout.dims) + 2) * 2.0**-24)) * (1.0 + 1e-6) + 1e-6
         parts.append(Partition(group, order, offsets, codes, means, variances, radii))
         timings.append(round(time.perf_counter() - tp, 3))
     seconds = time.perf_counter() - t0

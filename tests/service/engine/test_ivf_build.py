@@ -33,3 +33,24 @@ def test_the_faiss_kmeans_build_is_deterministic_and_round_trips(tmp_path) -> No
     scores = q @ corpus[part.order].astype(np.float64).T  # positions in list order
     lists = np.repeat(np.arange(part.nlist), part.sizes)
     assert (scores <= ub[:, lists] + 1e-9).all()
+
+
+def test_the_list_summaries_are_the_members_mean_spread_and_radius() -> None:
+    layout = layout_of("three")
+    corpus = random_rows(3000, layout, seed=11)
+    index = build_index(corpus, layout, IvfParams(groups=(tuple(layout.names), (layout.names[1],)), nlist=12))
+    for part in index.partitions:
+        assert part.codes.shape == corpus.shape
+        for j in range(part.nlist):
+            rows = corpus[part.order[part.offsets[j] : part.offsets[j + 1]]].astype(np.float64)
+            if not len(rows):
+                continue
+            np.testing.assert_allclose(part.means[j], rows.mean(0), atol=1e-6)
+            np.testing.assert_allclose(part.variances[j], rows.var(0), atol=1e-6)
+            dist = np.sqrt(((rows - part.means[j].astype(np.float64)) ** 2) @ layout.indicator(np.float64))
+            assert (dist <= part.radii[j]).all()  # a bound on every member
+            assert (part.radii[j] <= dist.max(0) + 1e-5).all()  # and a tight one
+        # the codes hold each row at its list position
+        np.testing.assert_array_equal(
+            part.codes, np.clip(np.rint(corpus[part.order] * index.scale), -127, 127).astype(np.int8)
+        )
