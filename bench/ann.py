@@ -11,7 +11,9 @@ against the exact float64 scan (the numpy backend), the fraction of the corpus t
 scanned, the share of queries answered exactly (stopped by the bound), and ms per query at
 batch 1 and 64; beside it, over the concatenated vector with the same block-scaled query,
 faiss IVF-Flat (same nlist, nprobe giving the same mean work) and HNSW (recall and
-distance computations). The exact scan's ms per query is timed in the same run (the anchor).
+distance computations); and the ``pq`` backend (a 4-bit product-quantised screen of
+``--pq-screens`` rows per query, exact re-rank) at each screen depth. The exact scan's ms
+per query is timed in the same run (the anchor).
 
     python bench/ann.py --quick             # small smoke run (seconds)
     python bench/ann.py --n 1000000         # the README's numbers
@@ -45,6 +47,7 @@ from esp_retrieval.subspace.engine.ivf_index import (
     save_index,
 )
 from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
+from esp_retrieval.subspace.engine.pq_screen import PqScreenBackend
 from esp_retrieval.subspace.layout import SubspaceLayout
 from esp_retrieval.subspace.scoring import normalize_blocks
 
@@ -65,6 +68,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--target-misses", type=float, default=0.0, help="optional early stop (0: off)")
     p.add_argument("--nlist", type=int, default=None, help="lists per partition (default sqrt(N))")
     p.add_argument("--list-dtype", default="int8", choices=["int8", "float32"])
+    p.add_argument(
+        "--groups",
+        nargs="+",
+        default=None,
+        help="partitions, each a comma-separated list of blocks or 'all' (default: one over all blocks)",
+    )
     p.add_argument("--time-queries", type=int, default=32, help="queries timed at batch 1 per weight")
     p.add_argument("--exact-weights", type=int, default=3, help="weight vectors the exact scan is timed on")
     p.add_argument(
@@ -73,6 +82,10 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         default=EXACT_BELOW,
         help="rows below which ivf takes the exact scan (0: always probe, to time the index itself)",
     )
+    p.add_argument(
+        "--pq-screens", type=int, nargs="*", default=[3000, 10000], help="pq backend: rows screened per query"
+    )
+    p.add_argument("--pq-dsub", type=int, default=2, help="pq backend: columns per 4-bit code")
     p.add_argument("--hnsw-m", type=int, default=16)
     p.add_argument("--hnsw-ef", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--no-hnsw", action="store_true")
@@ -198,7 +211,12 @@ def main(argv: list[str] | None = None) -> int:
     faiss.omp_set_num_threads(threads)
     exact = NumpyBackend(corpus, layout)
     t0 = time.perf_counter()
-    params = IvfParams(nlist=args.nlist, list_dtype=args.list_dtype, seed=args.seed)
+    groups = (
+        None
+        if args.groups is None
+        else tuple(tuple(layout.names) if g == "all" else tuple(g.split(",")) for g in args.groups)
+    )
+    params = IvfParams(groups=groups, nlist=args.nlist, list_dtype=args.list_dtype, seed=args.seed)
     index = None
     cache = Path(args.cache) if args.cache else None
     if cache is not None and (cache / "ivf" / "ivf.json").is_file():
@@ -226,6 +244,16 @@ def main(argv: list[str] | None = None) -> int:
         for b in budgets
     }
     nlist = index.partitions[0].nlist
+    pq_engines: dict[int, PqScreenBackend] = {}
+    pq_build = None
+    for screen in sorted(args.pq_screens):
+        first = next(iter(pq_engines.values()), None)
+        pq_engines[screen] = PqScreenBackend(
+            corpus, layout, screen=screen, dsub=args.pq_dsub, exact_below=args.exact_below, seed=args.seed
+        ) if first is None else first.with_screen(screen)
+        pq_build = pq_engines[screen].build_seconds if pq_build is None else pq_build
+    if pq_engines:
+        progress(f"pq screen built in {pq_build:.1f}s")
 
     def cached(name: str, make: Any) -> tuple[Any, float]:
         """A faiss index from the cache (same corpus: the seeded synthetic rows), else built."""
@@ -296,6 +324,17 @@ def main(argv: list[str] | None = None) -> int:
             progress(
                 f"w={w.round(2).tolist()} budget {b}: ivf {rec.mean():.4f} faiss IVF-Flat {frec.mean():.4f}"
             )
+        row["pq"] = {}
+        for screen, pq in pq_engines.items():
+            rec = recall(pq.search(queries, w, args.k).rows, truth)
+            row["pq"][f"screen{screen}"] = {
+                "recall_mean": float(rec.mean()),
+                "recall_min": float(rec.min()),
+                "mode": "exact" if pq.fallback else "pq",
+                "ms_b1": ms_per_query(pq.search, [(queries[i : i + 1], w, args.k) for i in range(tq)]),
+                "ms_b64": ms_per_query(pq.search, [(queries[:64], w, args.k)]),
+            }
+            progress(f"w={w.round(2).tolist()} pq screen {screen}: {rec.mean():.4f}")
         if hnsw is not None:
             row["hnsw"] = {}
             for ef in args.hnsw_ef:
@@ -330,33 +369,41 @@ def main(argv: list[str] | None = None) -> int:
     for r in rows:
         del r["_scaled"]
 
-    per_budget: dict[str, Any] = {}
-    for b in budgets:
-        key = f"budget{b}"
-        cells = [r["ivf"][key] for r in rows]
+    def summarise(prefix: str, cells: list[dict[str, Any]]) -> dict[str, Any]:
+        """One engine setting over every weight vector: worst and mean recall, ms, speed-ups."""
         worst = min(range(len(rows)), key=lambda i: cells[i]["recall_mean"])
         b1 = np.array([c["ms_b1"] for c in cells])
         b64 = np.array([c["ms_b64"] for c in cells])
-        per_budget[key] = {
-            "ivf_worst_recall": cells[worst]["recall_mean"],
-            "ivf_worst_weights": rows[worst]["weights"],
-            "ivf_mean_recall": float(np.mean([c["recall_mean"] for c in cells])),
-            "ivf_worst_query_recall": min(c["recall_min"] for c in cells),
-            "ivf_touched_mean": float(np.mean([c["touched_mean"] for c in cells])),
-            "ivf_touched_max_query": max(c["touched_max"] for c in cells),
-            "ivf_exact_share": float(np.mean([c["exact_share"] for c in cells])),
-            "ivf_modes": sorted({c["mode"] for c in cells}),  # "exact": the fallback answered
+        return {
+            f"{prefix}_worst_recall": cells[worst]["recall_mean"],
+            f"{prefix}_worst_weights": rows[worst]["weights"],
+            f"{prefix}_mean_recall": float(np.mean([c["recall_mean"] for c in cells])),
+            f"{prefix}_worst_query_recall": min(c["recall_min"] for c in cells),
+            f"{prefix}_modes": sorted({c["mode"] for c in cells}),  # "exact": the fallback answered
             "ms_b1_mean": float(b1.mean()),
             "ms_b1_worst_weight": float(b1.max()),
             "ms_b64_mean": float(b64.mean()),
             "speedup_b1_vs_exact": exact_b1 / float(b1.mean()),
             "speedup_b1_vs_exact_worst_weight": exact_b1 / float(b1.max()),
             "speedup_b64_vs_exact": exact_b64 / float(b64.mean()),
+        }
+
+    per_budget: dict[str, Any] = {}
+    for b in budgets:
+        key = f"budget{b}"
+        cells = [r["ivf"][key] for r in rows]
+        per_budget[key] = {
+            **summarise("ivf", cells),
+            "ivf_touched_mean": float(np.mean([c["touched_mean"] for c in cells])),
+            "ivf_touched_max_query": max(c["touched_max"] for c in cells),
+            "ivf_exact_share": float(np.mean([c["exact_share"] for c in cells])),
             "faiss_ivf_worst_recall": min(r["faiss_ivf"][key]["recall_mean"] for r in rows),
             "faiss_ivf_mean_recall": float(np.mean([r["faiss_ivf"][key]["recall_mean"] for r in rows])),
         }
+    per_screen = {f"screen{s}": summarise("pq", [r["pq"][f"screen{s}"] for r in rows]) for s in pq_engines}
     summary: dict[str, Any] = {
         "per_budget": per_budget,
+        "per_pq_screen": per_screen,
         "ms_b1": {"exact": exact_b1, "faiss_ivf_at_largest_budget": faiss_b1, "hnsw_at_largest_ef": hnsw_b1},
         "ms_b64": {"exact": exact_b64},
     }
@@ -385,6 +432,8 @@ def main(argv: list[str] | None = None) -> int:
                 "list_dtype": args.list_dtype,
                 "exact_below": args.exact_below,
                 "partitions": [list(p.blocks) for p in index.partitions],
+                "pq_screens": sorted(args.pq_screens),
+                "pq_dsub": args.pq_dsub,
                 "threads": threads,
             },
             "build": {
@@ -392,6 +441,7 @@ def main(argv: list[str] | None = None) -> int:
                 "ivf_bytes": index.nbytes,
                 "faiss_ivf_seconds": round(fivf_build, 2),
                 "hnsw_seconds": None if hnsw_build is None else round(hnsw_build, 2),
+                "pq_seconds": None if pq_build is None else round(pq_build, 2),
                 "corpus_bytes": int(corpus.nbytes),
             },
             "truth_agrees_with_exact_engine": truth_agrees,

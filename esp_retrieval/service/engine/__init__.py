@@ -30,6 +30,7 @@ from esp_retrieval.subspace.engine.base import (
 )
 from esp_retrieval.subspace.engine.ivf import IvfBackend
 from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
+from esp_retrieval.subspace.engine.pq_screen import PqScreenBackend
 from esp_retrieval.subspace.engine.sparse_terms import SparseQuery
 from esp_retrieval.subspace.layout import SubspaceLayout
 from esp_retrieval.subspace.sparse import SparseLexical
@@ -44,6 +45,7 @@ BACKENDS: dict[str, type[Backend]] = {
     CupyBackend.name: CupyBackend,
     MilvusBackend.name: MilvusBackend,  # a Milvus collection (ESP_MILVUS_URI); not in auto
     IvfBackend.name: IvfBackend,  # approximate index (service.engine.ann: the bundle's); not in auto
+    PqScreenBackend.name: PqScreenBackend,  # approximate: a quantised screen built at load; not in auto
 }
 
 # "auto": fastest first, per storage precision, as bench/knn.py ranks them on CPUs without a GPU

@@ -40,7 +40,6 @@ and in ``last_stats.mode`` (``"exact"``); no index is built for it.
 
 from __future__ import annotations
 
-import logging
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
@@ -50,7 +49,8 @@ import numpy as np
 from scipy.special import log_ndtr
 
 from esp_retrieval.subspace.engine._gemv import rows_dot
-from esp_retrieval.subspace.engine.base import Backend, Capabilities, EngineInputError
+from esp_retrieval.subspace.engine.base import Capabilities, EngineInputError
+from esp_retrieval.subspace.engine.exact_fallback import ExactFallback
 from esp_retrieval.subspace.engine.ivf_index import IvfIndex, IvfIndexError, IvfParams, build_index
 from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend, blas_limiter
 from esp_retrieval.subspace.engine.refine import Batch, Candidates, Filter, stack_rows
@@ -58,7 +58,6 @@ from esp_retrieval.subspace.engine.sparse_terms import SparseScan
 from esp_retrieval.subspace.layout import SubspaceLayout
 
 _U32 = 2.0**-24
-log = logging.getLogger(__name__)
 #: below this many rows an approximate search takes the exact scan (measured: README, "Approximate")
 EXACT_BELOW = 50_000
 #: a budget of at least this fraction of the corpus costs more in lists than one exact scan
@@ -87,12 +86,11 @@ class SearchStats:
     mode: str = "ivf"  # "exact": the exact scan answered (the backend's ``fallback``)
 
 
-class IvfBackend(Backend):
+class IvfBackend(ExactFallback):
     name: ClassVar[str] = "ivf"
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
     capabilities: ClassVar[Capabilities] = Capabilities(approximate=True)  # with max_touched
     _pool: ThreadPoolExecutor | None = None
-    _exact: NumpyBackend | None = None
 
     def __init__(
         self,
@@ -156,11 +154,9 @@ class IvfBackend(Backend):
         return None
 
     def _load(self, corpus: np.ndarray) -> None:
-        self.fallback = self._fallback_reason(corpus.shape[0])
-        if self.fallback is not None:
-            precision = "float16" if corpus.dtype == np.float16 else "float32"  # no copy
-            self._exact = NumpyBackend(corpus, self.layout, precision=precision, threads=self.threads)
-            log.info("ivf: the exact scan answers every query (%s): the index cannot win here", self.fallback)
+        reason = self._fallback_reason(corpus.shape[0])
+        if reason is not None:
+            self._start_exact(corpus, reason)
             if self._given_index is None:
                 return  # no index to build
         index = (
@@ -463,14 +459,8 @@ class IvfBackend(Backend):
         keep = scores.astype(np.float64) >= kth - 2.0 * eps
         return rows[keep], scores[keep], kth
 
-    def set_threads(self, threads: int) -> None:
-        super().set_threads(threads)
-        if self._exact is not None:
-            self._exact.set_threads(threads)
-
     def close(self) -> None:
-        if self._exact is not None:
-            self._exact.close()
+        super().close()
         if self._pool is not None:
             self._pool.shutdown(wait=False)
             self._pool = None

@@ -88,6 +88,19 @@ class SparseScan:
         out += self._csc[:, idx].toarray()
         return out
 
+    def top(self, c: int) -> np.ndarray:
+        """``(m, c)`` int64: per query the (up to) ``c`` rows of highest sparse scan score, in
+        no order; ``-1`` pads a query that matches fewer rows (a candidate generator's extra rows)."""
+        csr = self._csc.tocsr()
+        out = np.full((csr.shape[0], c), -1, np.int64)
+        for i in range(csr.shape[0]):
+            lo, hi = csr.indptr[i], csr.indptr[i + 1]
+            cols = csr.indices[lo:hi]
+            if hi - lo > c:
+                cols = cols[np.argpartition(-csr.data[lo:hi], c - 1)[:c]]
+            out[i, : len(cols)] = cols
+        return out
+
     def queries(self, sel: slice) -> SparseScan:
         """The scores of queries ``sel`` (a scan that splits its batch into groups)."""
         return SparseScan(self._csc[sel])

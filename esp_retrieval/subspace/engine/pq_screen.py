@@ -1,0 +1,181 @@
+"""``pq``: approximate weighted top k from a product-quantised screen, exact re-rank on the master.
+
+Product quantisation (Jégou, Douze and Schmid, TPAMI 2011) in faiss's 4-bit "fast scan" form
+(André, Kermarrec and Le Scouarnec, VLDB 2015; ``faiss.IndexPQFastScan``): every row is
+``D / dsub`` codes of 4 bits, one per ``dsub`` consecutive columns, and a query is scored
+against all of them from in-register lookup tables. The score is linear in the block-scaled
+query (docs/architecture.md section 1: ``score = <concat_k(w_k q_k), d>``) and the codes do not
+depend on the weights: a request's weights scale the query, hence its lookup tables, so one
+screen serves every weight vector. No sub-quantiser straddles two blocks (every block's offset
+and width are multiples of ``dsub``), so each table entry belongs to one block's weight.
+
+Per query the search is
+
+1. the screen's top ``screen`` rows by approximate score (widened by ``N / allowed`` under a
+   broad row mask), plus, with sparse blocks, the top ``screen`` rows of their own scan (a row
+   can be in the top k by its sparse score alone);
+2. their float32 scan scores from the master (the same scan score, and so the same roundoff
+   bound ``eps``, as the exact scan's), sparse terms added;
+3. the refine loop of every backend: candidates below the k-th minus ``2 eps`` dropped, the
+   rest re-ranked in float64 on the master.
+
+So a hit's score is always exact; what is approximate is whether the true top k were among the
+screened rows (recall, measured by ``bench/ann.py`` at every weight vector of the simplex grid).
+A selective mask (at most a quarter of the rows) is answered by the exact scan of its rows, and
+a corpus under ``exact_below`` rows by the numpy backend's exact scan: there the screen's fixed
+cost does not pay (the same rule as ``ivf``, :data:`~esp_retrieval.subspace.engine.ivf.EXACT_BELOW`).
+The screen is built at load (faiss k-means per sub-quantiser on a seeded sample, then encoding);
+``build_seconds`` says how long it took.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+import time
+from typing import Any, ClassVar
+
+import numpy as np
+
+from esp_retrieval.subspace.engine.base import Capabilities, EngineInputError
+from esp_retrieval.subspace.engine.exact_fallback import ExactFallback
+from esp_retrieval.subspace.engine.ivf import EXACT_BELOW
+from esp_retrieval.subspace.engine.refine import Batch, Candidates, Filter
+from esp_retrieval.subspace.engine.sparse_terms import SparseScan
+from esp_retrieval.subspace.layout import SubspaceLayout
+
+log = logging.getLogger(__name__)
+_CHUNK = 65536
+
+
+def _positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise EngineInputError(f"{name} must be an integer >= 1, got {value!r}", name)
+    return value
+
+
+def build_screen(corpus: np.ndarray, layout: SubspaceLayout, *, dsub: int, train_rows: int, seed: int) -> Any:
+    """``faiss.IndexPQFastScan`` (inner product, 4 bits per ``dsub`` columns) over ``corpus``
+    ``(N, D)`` float32/float16, trained on ``train_rows`` seeded rows, rows added in chunks."""
+    import faiss
+
+    for block in layout:
+        if block.offset % dsub or block.dim % dsub:
+            raise EngineInputError(
+                f"dsub {dsub} must divide every block's offset and width; block {block.name!r} "
+                f"spans columns {block.offset}..{block.end}",
+                "dsub",
+            )
+    n, d = corpus.shape
+    index = faiss.IndexPQFastScan(d, d // dsub, 4, faiss.METRIC_INNER_PRODUCT)
+    index.pq.cp.min_points_per_centroid = 1  # a small corpus trains on what it has, unwarned
+    rng = np.random.default_rng(seed)
+    sample = np.sort(rng.choice(n, size=min(n, train_rows), replace=False))
+    index.train(np.ascontiguousarray(corpus[sample], dtype=np.float32))
+    for s in range(0, n, _CHUNK):
+        index.add(np.ascontiguousarray(corpus[s : s + _CHUNK], dtype=np.float32))
+    return index
+
+
+class PqScreenBackend(ExactFallback):
+    name: ClassVar[str] = "pq"
+    precisions: ClassVar[tuple[str, ...]] = ("float32",)
+    capabilities: ClassVar[Capabilities] = Capabilities(approximate=True, sparse=True)
+
+    def __init__(
+        self,
+        corpus: np.ndarray,
+        layout: SubspaceLayout,
+        *,
+        screen: int = 3000,
+        dsub: int = 2,
+        train_rows: int = 4096,
+        seed: int = 0,
+        exact_below: int = EXACT_BELOW,
+        **settings: Any,
+    ) -> None:
+        """``screen``: rows re-scored per query (the recall knob); ``dsub``: columns per 4-bit
+        code (smaller: finer codes, a slower screen); ``train_rows``: the seeded sample the codebooks
+        learn from (faiss trains each 16-centroid sub-quantiser on at most 256 x 16 = 4,096 rows);
+        ``exact_below``: below this many rows the
+        exact scan answers (``0``: always screen). ``settings``: the :class:`Backend` ones."""
+        self.screen = _positive_int(screen, "screen")
+        self.dsub = _positive_int(dsub, "dsub")
+        self.train_rows = _positive_int(train_rows, "train_rows")
+        self.seed = int(seed)
+        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 0:
+            raise EngineInputError(f"exact_below must be an integer >= 0, got {exact_below!r}", "exact_below")
+        self.exact_below = exact_below
+        self.index: Any = None
+        self.build_seconds = 0.0
+        super().__init__(corpus, layout, **settings)
+
+    def _load(self, corpus: np.ndarray) -> None:
+        n = corpus.shape[0]
+        if n < self.exact_below:
+            self._start_exact(corpus, f"{n} rows < exact_below {self.exact_below}")
+            return
+        t0 = time.perf_counter()
+        self.index = build_screen(
+            corpus, self.layout, dsub=self.dsub, train_rows=self.train_rows, seed=self.seed
+        )
+        self.build_seconds = time.perf_counter() - t0
+        log.info("pq: screen of %d rows (dsub %d) built in %.1f s", n, self.dsub, self.build_seconds)
+
+    def with_screen(self, screen: int) -> PqScreenBackend:
+        """This backend read to another depth, sharing the built screen (no rebuild)."""
+        other = copy.copy(self)
+        other.screen = _positive_int(screen, "screen")
+        return other
+
+    # --- the search ------------------------------------------------------------------------------
+    def _candidates(self, batch: Batch, c: int, flt: Filter) -> Candidates:
+        """The screened rows with their float32 scan scores, and no bound: the screen's depth
+        decided (module docstring). A selective mask takes the exact scan of its rows."""
+        if self._exact is not None:
+            return self._exact._candidates(batch, c, flt)
+        n = self.num_docs
+        if flt.mask is not None and 4 * (flt.n_allowed or 0) <= n:
+            return super()._candidates(batch, c, flt)
+        want = max(c, self.screen)
+        if flt.mask is not None and flt.n_allowed:
+            want = -(-want * n // flt.n_allowed)
+        rows, scores = self._screen(batch.scan, min(want, n), self._sparse_scan(batch), flt.mask)
+        return Candidates(rows, scores)
+
+    def _scan(
+        self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """The screen alone: its rows by float32 scan score (at least ``c`` of them screened)."""
+        if self._exact is not None:
+            return self._exact._scan(scaled, c, sparse)
+        return self._screen(scaled, min(max(c, self.screen), self.num_docs), sparse, None)
+
+    def _screen(
+        self, scaled: np.ndarray, want: int, sparse: SparseScan | None, mask: np.ndarray | None
+    ) -> tuple[np.ndarray, np.ndarray]:
+        scan = np.ascontiguousarray(scaled, dtype=np.float32)
+        _, found = self.index.search(scan, want)  # (m, want), -1 where fewer
+        extra = None if sparse is None else sparse.top(min(self.screen, self.num_docs))
+        per_rows, per_scores = [], []
+        for i in range(scan.shape[0]):
+            r = found[i][found[i] >= 0]
+            if len(r) < want:  # a query the codes cannot rank (all-zero): ties go to the lower rows
+                r = np.union1d(r, np.arange(want, dtype=np.int64))[:want]
+            # ascending either way: the gather reads the master in order
+            r = np.sort(r) if extra is None else np.union1d(r, extra[i][extra[i] >= 0])
+            if mask is not None:
+                r = r[mask[r]]
+            s = np.asarray(self.master[r], dtype=np.float32) @ scan[i]
+            if sparse is not None:
+                s = sparse.queries(slice(i, i + 1)).add_rows(s[None, :], r)[0]
+            order = np.argsort(-s, kind="stable")
+            per_rows.append(r[order])
+            per_scores.append(s[order])
+        width = max(1, *(len(r) for r in per_rows))
+        rows = np.full((len(per_rows), width), -1, np.int64)
+        scores = np.full((len(per_rows), width), -np.inf, np.float32)
+        for i, (r, s) in enumerate(zip(per_rows, per_scores, strict=True)):
+            rows[i, : len(r)] = r
+            scores[i, : len(s)] = s
+        return rows, scores

@@ -1,0 +1,117 @@
+"""The ``pq`` backend: a 4-bit product-quantised screen, exact float64 re-rank of what it screens.
+
+Exact whenever the screen holds every row (with sparse blocks and row masks), the hits always
+carry their exact scores, a row found only by its sparse score is not lost to the dense screen,
+and the screen's settings are checked."""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from esp_retrieval.service.engine import EngineInputError, SparseQuery
+from esp_retrieval.subspace.engine.pq_screen import PqScreenBackend
+from esp_retrieval.subspace.layout import SubspaceLayout
+from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
+from esp_retrieval.subspace.sparse import SparseLexical
+from tests.service.engine.conftest import layout_of, random_rows, reference_topk
+
+PASSAGES = Path(__file__).resolve().parents[3] / "data" / "trec-dl-2019-2020-passage" / "corpus.tsv.gz"
+N = 300
+QUERIES = ["marion illinois hotels", "beta blockers propranolol", "fields of anthropology", "the of and"]
+
+
+@pytest.fixture(scope="module")
+def bm25() -> SparseLexical:
+    from esp_retrieval.training.sparse_lexical import build_bm25
+
+    with gzip.open(PASSAGES, "rt", encoding="utf-8") as fh:
+        texts = [line.rstrip("\n").split("\t", 1)[1] for line in itertools.islice(fh, N)]
+    return build_bm25(texts)
+
+
+def brute_force(q, corpus, layout, w, block, sq, ws, k, allowed=None):  # type: ignore[no-untyped-def]  # noqa: PLR0917
+    total = reference_scores(q, corpus, np.broadcast_to(w, (len(q), len(w))), layout)
+    total = total + ws * block.scores(sq)
+    if allowed is not None:
+        total = np.where(allowed[None, :], total, -np.inf)
+        k = min(k, int(allowed.sum()))
+    order = np.argsort(-total, axis=1, kind="stable")[:, :k]
+    return order, np.take_along_axis(total, order, 1)
+
+
+def clustered(n: int, layout: SubspaceLayout, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    centres = rng.standard_normal((40, layout.dim))
+    rows = centres[rng.integers(0, 40, n)] + 0.6 * rng.standard_normal((n, layout.dim))
+    return normalize_blocks(rows.astype(np.float32), layout)
+
+
+@pytest.mark.parametrize("mask", ["none", "broad", "selective"])
+@pytest.mark.parametrize(("w", "ws"), [([1.0, 0.5, 0.25], 0.8), ([0.0, 0.0, 0.0], 1.0), ([0.1, 0.0, 0.3], 5.0)])
+def test_a_screen_of_every_row_is_the_exact_search(bm25, w, ws, mask) -> None:  # type: ignore[no-untyped-def]
+    layout = layout_of("three")
+    corpus, q = random_rows(N, layout, 11), random_rows(len(QUERIES), layout, 12)
+    allowed = {"none": None, "broad": np.random.default_rng(4).random(N) < 0.7,
+               "selective": np.random.default_rng(3).random(N) < 0.1}[mask]
+    engine = PqScreenBackend(corpus, layout, screen=N, exact_below=0, sparse_blocks={"bm25": bm25})
+    assert engine.fallback is None and engine.index is not None
+    sq = bm25.encode(QUERIES)
+    for k in (1, 10):
+        res = engine.search(q, np.array(w), k, allowed=allowed, sparse={"bm25": SparseQuery(sq, ws)})
+        rows, scores = brute_force(q, corpus, layout, np.array(w), bm25, sq, ws, k, allowed)
+        np.testing.assert_array_equal(res.rows, rows)
+        np.testing.assert_allclose(res.scores, scores, rtol=1e-5, atol=1e-6)
+
+
+def test_a_small_screen_finds_most_of_the_top_k_and_scores_them_exactly() -> None:
+    layout = layout_of("three")
+    corpus, q = clustered(6000, layout, 1), clustered(20, layout, 2)
+    engine = PqScreenBackend(corpus, layout, screen=300, exact_below=0)
+    for w in ([1.0, 0.0, 0.0], [0.2, 1.0, 0.5], [0.0, 0.0, 1.0]):
+        res = engine.search(q, np.array(w), 10)
+        truth, _ = reference_topk(q, corpus, np.array(w), layout, 10)
+        found = sum(len(set(a) & set(b)) for a, b in zip(res.rows.tolist(), truth.tolist(), strict=True))
+        assert found / truth.size >= 0.8, w  # 5% of the rows screened
+        exact = reference_scores(q, corpus, np.broadcast_to(w, (len(q), 3)), layout)
+        np.testing.assert_allclose(res.scores, np.take_along_axis(exact, res.rows, 1), rtol=1e-5, atol=1e-6)
+    # the screen is a screen: its candidates are a small part of the corpus
+    rows, _ = engine._screen(np.ascontiguousarray(q * layout.expand(np.ones(3)), np.float32), 300, None, None)
+    assert ((rows >= 0).sum(axis=1) <= 300).all()
+
+
+def test_a_row_found_only_by_its_sparse_score_is_kept(bm25) -> None:  # type: ignore[no-untyped-def]
+    layout = layout_of("three")
+    corpus, q = random_rows(N, layout, 11), random_rows(len(QUERIES), layout, 12)
+    engine = PqScreenBackend(corpus, layout, screen=10, exact_below=0, sparse_blocks={"bm25": bm25})
+    sq = bm25.encode(QUERIES)
+    w, ws = np.array([0.05, 0.0, 0.0]), 5.0  # the sparse score decides; the dense screen cannot see it
+    res = engine.search(q, w, 3, sparse={"bm25": SparseQuery(sq, ws)})
+    rows, _ = brute_force(q, corpus, layout, w, bm25, sq, ws, 3)
+    matched = (bm25.scores(sq) > 0).sum(axis=1) >= 3
+    assert matched.any()
+    np.testing.assert_array_equal(res.rows[matched], rows[matched])
+
+
+def test_settings_are_checked_and_a_small_corpus_takes_the_exact_scan(caplog) -> None:  # type: ignore[no-untyped-def]
+    layout = layout_of("uneven")  # widths 3, 17, 1, 9: no dsub > 1 divides them all
+    corpus = random_rows(500, layout, 0)
+    with pytest.raises(EngineInputError) as err:
+        PqScreenBackend(corpus, layout, exact_below=0)
+    assert err.value.field == "dsub"
+    for bad in ({"screen": 0}, {"dsub": 1.5}, {"exact_below": -1}):
+        with pytest.raises(EngineInputError):
+            PqScreenBackend(corpus, layout, **bad)  # type: ignore[arg-type]
+    with caplog.at_level("INFO"):
+        small = PqScreenBackend(corpus, layout)  # 500 rows < exact_below: no screen is built
+    assert small.index is None and small.fallback is not None and "exact scan" in caplog.text
+    q = random_rows(3, layout, 1)
+    w = np.array([1.0, 0.5, 2.0, 0.0])
+    truth, _ = reference_topk(q, corpus, w, layout, 5)
+    np.testing.assert_array_equal(small.search(q, w, 5).rows, truth)
+    one = PqScreenBackend(corpus, layout, dsub=1, exact_below=0, screen=500)  # dsub 1 fits any layout
+    np.testing.assert_array_equal(one.search(q, w, 5).rows, truth)
