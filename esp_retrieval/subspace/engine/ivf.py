@@ -29,6 +29,14 @@ backend keeps the engine contract. Lists are scanned from their codes (``int8`` 
 on the master, and per-hit subspace scores come from the master as for every backend.
 ``last_stats`` holds the rows scanned and whether each query of the last search was exact.
 
+**Sparse blocks** (a BM25 block beside the dense ones, :mod:`~esp_retrieval.subspace.engine.sparse_terms`):
+every scanned row gets its sparse score added, every list's bound grows by the query's sparse
+reach ``sum_s w_s sum_t |q_t| max|d_t|`` and ``eps`` by the sparse term's rounding, so the exact
+stop stays exact (with a loose bound: a large sparse weight keeps lists open). In the
+approximate mode the rows with the highest sparse scores join the candidates, as a row can lead
+by its sparse score alone from a list the probing left. The sparse scores are held dense per
+query during a search (``4 N`` bytes a query).
+
 **Exact where the index cannot win.** With ``max_touched`` set, a corpus of fewer than
 ``exact_below`` rows (:data:`EXACT_BELOW`), or a budget of at least ``exact_above``
 (:data:`EXACT_ABOVE`) of the corpus, is answered by the numpy backend's exact scan instead: at
@@ -43,7 +51,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import nullcontext
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 from scipy.special import log_ndtr
@@ -76,6 +84,14 @@ def _log_tail(z: np.ndarray, kind: str) -> np.ndarray:
 TAILS = ("gauss", "laplace")
 
 
+class SparseTerm(NamedTuple):
+    """A batch's sparse blocks as the probing adds them (score units)."""
+
+    scores: np.ndarray  # (m, N) float32: sum_s w_s <q_s, d_s> of every row (0 where no term matches)
+    reach: np.ndarray  # (m,) no row's sparse term exceeds it
+    eps: np.ndarray  # (m,) bound on the rounding of ``scores``
+
+
 @dataclass
 class SearchStats:
     """Per query of the last search: rows scanned (duplicates across partitions counted), exact?"""
@@ -89,7 +105,7 @@ class SearchStats:
 class IvfBackend(ExactFallback):
     name: ClassVar[str] = "ivf"
     precisions: ClassVar[tuple[str, ...]] = ("float32",)
-    capabilities: ClassVar[Capabilities] = Capabilities(approximate=True)  # with max_touched
+    capabilities: ClassVar[Capabilities] = Capabilities(approximate=True, sparse=True)  # with max_touched
     _pool: ThreadPoolExecutor | None = None
 
     def __init__(
@@ -202,8 +218,31 @@ class IvfBackend(ExactFallback):
             return self._exact._candidates(batch, c, flt)
         if flt.mask is not None and 4 * (flt.n_allowed or 0) <= self.num_docs:
             return super()._candidates(batch, c, flt)
-        rows, _ = stack_rows(*self._probe(batch.scaled64, batch.k, flt.mask), width=batch.k)
+        term = None if batch.sparse is None else self._sparse_term(batch)
+        rows, _ = stack_rows(*self._probe(batch.scaled64, batch.k, flt.mask, term), width=batch.k)
+        if term is not None and self.max_touched is not None:
+            # approximate: a row can lead by its sparse score alone, in a list the probing left
+            m = min(max(c, batch.k), self.num_docs)
+            top = np.argpartition(-term.scores, m - 1, axis=1)[:, :m]
+            top = np.where(np.take_along_axis(term.scores, top, 1) > 0, top, -1)
+            if flt.mask is not None:
+                top = np.where(flt.mask[np.maximum(top, 0)], top, -1)
+            merged = [np.unique(r[r >= 0]) for r in np.concatenate([rows, top], axis=1)]
+            rows = np.full((len(merged), max(1, *(len(r) for r in merged))), -1, np.int64)
+            for i, r in enumerate(merged):
+                rows[i, : len(r)] = r
         return Candidates(rows)
+
+    def _sparse_term(self, batch: Batch) -> SparseTerm:
+        """The batch's sparse blocks in score units (not the scan's ``factor``), dense per row."""
+        assert batch.sparse is not None
+        assert self.sparse_blocks is not None
+        scan = self.sparse_blocks.scan(batch.sparse, np.ones(batch.scan.shape[0]))
+        return SparseTerm(
+            scores=scan.dense(),
+            reach=batch.sparse.bound(),
+            eps=batch.sparse.scan_error(np.asarray(batch.bound, np.float64)),
+        )
 
     def _scan(
         self, scaled: np.ndarray, c: int, sparse: SparseScan | None = None
@@ -211,6 +250,8 @@ class IvfBackend(ExactFallback):
         """The probing alone: top ``c`` by scan score among the rows the probing scanned."""
         if self._exact is not None:
             return self._exact._scan(scaled, c, sparse)
+        if sparse is not None:
+            raise NotImplementedError("ivf: the probing takes sparse blocks through _candidates")
         return stack_rows(*self._probe(np.asarray(scaled, np.float64), min(c, self.num_docs)))
 
     def _code_eps(self, scaled64: np.ndarray) -> np.ndarray:
@@ -227,23 +268,28 @@ class IvfBackend(ExactFallback):
         return quant * (1 + 1e-6) + 2.0 * (self.dim + 4) * _U32 * mag + 1e-12
 
     def _probe(
-        self, scaled64: np.ndarray, kk: int, mask: np.ndarray | None = None
+        self, scaled64: np.ndarray, kk: int, mask: np.ndarray | None = None, sparse: SparseTerm | None = None
     ) -> tuple[list[np.ndarray], list[np.ndarray]]:
-        """Run the rounds; per query the scanned rows within ``2 eps`` of the k-th scan score."""
+        """Run the rounds; per query the scanned rows within ``2 eps`` of the k-th scan score.
+
+        ``sparse``: the sparse blocks' scores are added to every scanned row's, and their reach
+        to every list's bound and to ``eps`` their rounding, so the exact stop stays exact."""
         nq, n = scaled64.shape[0], self.num_docs
         P = len(self.index.partitions)
         lt = len(self._sizes)
         scaled32 = scaled64.astype(np.float32)
         qcodes = (scaled64 * self._qscale).astype(np.float32)  # queries against the codes
         blocknorm = np.sqrt((scaled64**2) @ self._indicator)  # (nq, K) = w_k |q_k|
-        cap = blocknorm @ self._max_block_norm  # no score exceeds this
+        cap = blocknorm @ self._max_block_norm  # no dense score exceeds this
         mu = scaled64 @ self._means64.T  # (nq, Lt)
-        ub = np.minimum(mu + blocknorm @ self._radii.T, cap[:, None]) + 1e-9 * (1.0 + cap[:, None])
+        reach = np.zeros(nq) if sparse is None else sparse.reach  # no sparse term exceeds this
+        ub = np.minimum(mu + blocknorm @ self._radii.T, cap[:, None]) + reach[:, None]
+        ub += 1e-9 * (1.0 + cap[:, None] + reach[:, None])
         sigma = self.spread * np.sqrt(np.maximum((scaled32 * scaled32) @ self._vars.T, 0.0)).astype(
             np.float64
         )
         sigma += 1e-12
-        eps = self._code_eps(scaled64)
+        eps = self._code_eps(scaled64) + (0.0 if sparse is None else sparse.eps)
 
         probed = np.zeros((nq, lt), bool)
         touched = np.zeros(nq, np.int64)
@@ -277,7 +323,14 @@ class IvfBackend(ExactFallback):
             np.add.at(part_touched, (qi, self._part_of[lj]), self._sizes[lj])
             floor = t - 2.0 * eps
             self._scan_pairs(
-                qcodes, qi=qi, lj=lj, floor=floor, mask=mask, pool_rows=pool_rows, pool_scores=pool_scores
+                qcodes,
+                qi=qi,
+                lj=lj,
+                floor=floor,
+                mask=mask,
+                sparse=None if sparse is None else sparse.scores,
+                pool_rows=pool_rows,
+                pool_scores=pool_scores,
             )
             for i in np.unique(qi).tolist():
                 band_rows[i], band_scores[i], t[i] = self._band(
@@ -385,6 +438,7 @@ class IvfBackend(ExactFallback):
         lj: np.ndarray,
         floor: np.ndarray,
         mask: np.ndarray | None,
+        sparse: np.ndarray | None,
         pool_rows: list[list[np.ndarray]],
         pool_scores: list[list[np.ndarray]],
     ) -> None:
@@ -417,6 +471,8 @@ class IvfBackend(ExactFallback):
                     rows_dot(rows32, qcodes[qs[0]], s[0])
                 else:
                     s = qcodes[qs] @ rows32.T
+                if sparse is not None:
+                    s += sparse[np.ix_(qs, p.order[a:b])]
                 out.append((qs, p.order[a:b], s))
             return out
 

@@ -88,6 +88,10 @@ class SparseScan:
         out += self._csc[:, idx].toarray()
         return out
 
+    def dense(self) -> np.ndarray:
+        """``(m, N)`` float32: every row's score (a scan that gathers rows in any order)."""
+        return np.asarray(self._csc.toarray(), np.float32)
+
     def top(self, c: int) -> np.ndarray:
         """``(m, c)`` int64: per query the (up to) ``c`` rows of highest sparse scan score, in
         no order; ``-1`` pads a query that matches fewer rows (a candidate generator's extra rows)."""

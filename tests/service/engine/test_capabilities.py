@@ -28,7 +28,8 @@ def test_the_shipped_declarations() -> None:
     assert BACKENDS["milvus"].capabilities == Capabilities(
         native_filters=True, metadata=True, writes=True, approximate=True
     )
-    assert BACKENDS["ivf"].capabilities == Capabilities(approximate=True)
+    for name in ("ivf", "pq"):  # approximate by their settings; both add the sparse blocks' term
+        assert BACKENDS[name].capabilities == Capabilities(approximate=True, sparse=True), name
     for name in ("numpy", "torch"):  # the chunked scans add the sparse blocks' term
         assert BACKENDS[name].capabilities == Capabilities(sparse=True), name
     for name in ("faiss", "cupy"):

@@ -1,8 +1,8 @@
 """The ``pq`` backend: a 4-bit product-quantised screen, exact float64 re-rank of what it screens.
 
 Exact whenever the screen holds every row (with sparse blocks and row masks), the hits always
-carry their exact scores, a row found only by its sparse score is not lost to the dense screen,
-and the screen's settings are checked."""
+carry their exact scores, a row found only by its sparse score is not lost to the dense screen
+(nor to the ``ivf`` probing in its approximate mode), and the screen's settings are checked."""
 
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ from esp_retrieval.subspace.engine.pq_screen import PqScreenBackend
 from esp_retrieval.subspace.layout import SubspaceLayout
 from esp_retrieval.subspace.scoring import normalize_blocks, reference_scores
 from esp_retrieval.subspace.sparse import SparseLexical
-from tests.service.engine.conftest import layout_of, random_rows, reference_topk
+from tests.service.engine.conftest import ENGINES, layout_of, random_rows, reference_topk
 
 PASSAGES = Path(__file__).resolve().parents[3] / "data" / "trec-dl-2019-2020-passage" / "corpus.tsv.gz"
 N = 300
@@ -84,10 +84,13 @@ def test_a_small_screen_finds_most_of_the_top_k_and_scores_them_exactly() -> Non
     assert ((rows >= 0).sum(axis=1) <= 300).all()
 
 
-def test_a_row_found_only_by_its_sparse_score_is_kept(bm25) -> None:  # type: ignore[no-untyped-def]
+@pytest.mark.parametrize(
+    ("name", "kw"), [("pq", {"screen": 10}), ("ivf", {"max_touched": 0.02, "first_fraction": 0.01})]
+)
+def test_an_approximate_search_keeps_a_row_found_only_by_its_sparse_score(name, kw, bm25) -> None:  # type: ignore[no-untyped-def]
     layout = layout_of("three")
     corpus, q = random_rows(N, layout, 11), random_rows(len(QUERIES), layout, 12)
-    engine = PqScreenBackend(corpus, layout, screen=10, exact_below=0, sparse_blocks={"bm25": bm25})
+    engine = ENGINES[name](corpus, layout, exact_below=0, sparse_blocks={"bm25": bm25}, **kw)
     sq = bm25.encode(QUERIES)
     w, ws = np.array([0.05, 0.0, 0.0]), 5.0  # the sparse score decides; the dense screen cannot see it
     res = engine.search(q, w, 3, sparse={"bm25": SparseQuery(sq, ws)})

@@ -197,9 +197,9 @@ def test_the_fallback_chain_skips_a_backend_without_the_capability(data, bm25, c
     from esp_retrieval.service.engine import create_engine
 
     layout, corpus, _ = data
-    engine = create_engine("ivf", corpus, layout, fallback=["numpy"], sparse_blocks={"bm25": bm25})
+    engine = create_engine("faiss", corpus, layout, fallback=["numpy"], sparse_blocks={"bm25": bm25})
     try:
         assert engine.name == "numpy" and engine.sparse_blocks is not None
-        assert "ivf: cannot score sparse blocks" in caplog.text
+        assert "faiss: cannot score sparse blocks" in caplog.text
     finally:
         engine.close()
