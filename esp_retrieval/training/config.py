@@ -64,7 +64,10 @@ class TermWeightsSpec(_Strict):
         description="term features (esp_retrieval.training.term_weights.FEATURES keys; null: all)")
     candidates: int = Field(default=100, ge=2, description="BM25 top-k per training query the loss ranks")
     temperature: float = Field(default=0.05, gt=0, description="of the listwise softmax over block scores")
-    entity_weight: float = Field(default=1.0, ge=0, description="the entity-link loss' weight (relevance: 1)")
+    entity_weight: float = Field(
+        default=0.0, ge=0,
+        description="the entity-link loss' weight (relevance: 1); 0, the best of 0 / 0.25 / 1 in a "
+        "validation inside the training years (bench/term_weights_cv.py)")
     steps: int = Field(default=200, ge=0)
     lr: float = Field(default=0.05, gt=0)
     l2: float = Field(default=0.01, ge=0, description="on theta: pulls the weights towards BM25's (theta 0)")

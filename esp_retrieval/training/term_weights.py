@@ -18,7 +18,9 @@ query's BM25 top-``candidates`` (plus its judged passages):
 
 - relevance: target ``proportional to 2^grade - 1`` of the graded qrels;
 - entity: target uniform over the candidates that mention one of the query's DL-HARD gold
-  entities (surface form or Wikipedia title), weighted ``entity_weight``.
+  entities (surface form or Wikipedia title), weighted ``entity_weight`` against relevance's 1
+  (each objective as a whole). Off by default: in a validation inside the training years
+  (``bench/term_weights_cv.py``) relevance alone raised the block's entity P@10 more than with it.
 
 Only the training queries are read (:meth:`TermTrainingData.from_context` drops every query
 the split holds out). MIMICS is not used: its pairs (query -> refined query) judge no passage,
@@ -30,6 +32,7 @@ holds MIMICS out for keyword clustering. Shapes: ``Q`` training lists of ``K`` c
 from __future__ import annotations
 
 import re
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -128,7 +131,7 @@ class Lists:
     docs: torch.Tensor  # (Q, K, T) float64: candidates' BM25 weights of the query's terms
     target: torch.Tensor  # (Q, K) float64: sums to 1 per list (padding 0)
     valid: torch.Tensor  # (Q, K) bool: a real candidate
-    weight: torch.Tensor  # (Q,) float64: the list's weight in the loss
+    weight: torch.Tensor  # (Q,) float64: its objective's weight over the objective's number of lists
 
 
 def block_scores(lists: Lists, idf: torch.Tensor, multiplier: torch.Tensor) -> torch.Tensor:
@@ -142,29 +145,33 @@ def block_scores(lists: Lists, idf: torch.Tensor, multiplier: torch.Tensor) -> t
 def build_lists(block: SparseLexical, pids: Sequence[str], texts: Sequence[str], data: TermTrainingData,
                 spec: TermWeightsSpec) -> Lists:
     """One list per training query with judged-relevant candidates, one per training entity
-    query with a mentioning candidate (BM25 top-``spec.candidates``; relevance adds the judged)."""
+    query with a mentioning candidate (BM25 top-``spec.candidates``; relevance adds the judged).
+    Each objective weighs as a whole (relevance 1, entity ``spec.entity_weight``), whatever its
+    number of lists: DL-HARD links most of a year's 200 queries, NIST judged 43-54 of them."""
     row = {p: i for i, p in enumerate(pids)}
-    # (query text, row -> gain, the loss weight, rows added to the BM25 top-k: the judged ones)
-    items: list[tuple[str, dict[int, float], float, list[int]]] = []
+    weight = {"relevance": 1.0, "entity": spec.entity_weight}
+    # (query text, row -> gain, objective, rows added to the BM25 top-k: the judged ones)
+    items: list[tuple[str, dict[int, float], str, list[int]]] = []
     for qid, text in sorted(data.queries.items()):
         judged = {row[p]: 2.0 ** g - 1 for p, g in data.qrels.get(qid, {}).items() if p in row}
-        items.append((text, judged, 1.0, sorted(judged)))
+        items.append((text, judged, "relevance", sorted(judged)))
     ent = sorted(data.entities.items())
     if spec.entity_weight > 0 and ent:
         mentions = find_mentions([names for _, (_, names) in ent], texts)
-        items += [(text, dict.fromkeys(m, 1.0), spec.entity_weight, [])
+        items += [(text, dict.fromkeys(m, 1.0), "entity", [])
                   for (_, (text, _)), m in zip(ent, mentions, strict=True)]
     enc = block.encode([it[0] for it in items])
     top = np.argsort(-block.scores(enc), axis=1, kind="stable")[:, :spec.candidates]
-    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, float]] = []
-    for i, (_, gains, w, extra) in enumerate(items):
+    rows: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, str]] = []
+    for i, (_, gains, kind, extra) in enumerate(items):
         q = enc[i]
         cand = np.union1d(top[i], np.asarray(extra, dtype=np.int64))
         g = np.array([gains.get(int(r), 0.0) for r in cand])
         if q.nnz == 0 or g.sum() <= 0:
             continue
         d = np.asarray(block.docs[cand][:, q.indices].toarray(), dtype=np.float64)
-        rows.append((q.indices, q.data, d, g / g.sum(), w))
+        rows.append((q.indices, q.data, d, g / g.sum(), kind))
+    n_lists = Counter(r[4] for r in rows)
     n_q = len(rows)
     k = max((len(r[3]) for r in rows), default=1)
     t = max((len(r[0]) for r in rows), default=1)
@@ -176,7 +183,7 @@ def build_lists(block: SparseLexical, pids: Sequence[str], texts: Sequence[str],
         target[i, :len(g)], valid[i, :len(g)] = g, True
     return Lists(torch.from_numpy(cols), torch.from_numpy(counts), torch.from_numpy(docs),
                  torch.from_numpy(target), torch.from_numpy(valid),
-                 torch.tensor([r[4] for r in rows], dtype=torch.float64))
+                 torch.tensor([weight[r[4]] / n_lists[r[4]] for r in rows], dtype=torch.float64))
 
 
 def listwise_loss(lists: Lists, idf: torch.Tensor, multiplier: torch.Tensor,
