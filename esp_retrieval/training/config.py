@@ -54,6 +54,25 @@ class ObjectiveConfig(_Strict):
     head: HeadConfig = Field(default_factory=HeadConfig)
 
 
+class TermWeightsSpec(_Strict):
+    """Learned term weights on the sparse block (:mod:`esp_retrieval.training.term_weights`): a
+    per-term multiplier ``exp(theta . phi(t))`` over the features named, ``theta`` fitted on the
+    training queries only and folded into the block's document side."""
+
+    features: list[str] | None = Field(
+        default=None,
+        description="term features (esp_retrieval.training.term_weights.FEATURES keys; null: all)")
+    candidates: int = Field(default=100, ge=2, description="BM25 top-k per training query the loss ranks")
+    temperature: float = Field(default=0.05, gt=0, description="of the listwise softmax over block scores")
+    entity_weight: float = Field(
+        default=0.0, ge=0,
+        description="the entity-link loss' weight (relevance: 1); 0, the best of 0 / 0.25 / 1 in a "
+        "validation inside the training years (bench/term_weights_cv.py)")
+    steps: int = Field(default=200, ge=0)
+    lr: float = Field(default=0.05, gt=0)
+    l2: float = Field(default=0.01, ge=0, description="on theta: pulls the weights towards BM25's (theta 0)")
+
+
 class SparseBlockSpec(_Strict):
     """A sparse BM25 block (:mod:`subspace.sparse`, built by :func:`training.sparse_lexical.build_bm25`)
     scored exactly beside the dense blocks: in a bundle (``esp train``: ``sparse/<name>/``) or in
@@ -64,6 +83,8 @@ class SparseBlockSpec(_Strict):
     b: float = Field(default=0.4, ge=0, le=1)
     stopwords: str | None = "en"
     default_weight: float = Field(default=1.0, ge=0, description="its weight at the default serving weights")
+    term_weights: TermWeightsSpec | None = Field(
+        default=None, description="learned term weights on top of BM25 (null: BM25's own)")
 
 
 class TrunkConfig(_Strict):

@@ -8,11 +8,16 @@ scores exactly what the library scores (a test checks it against ``bm25s.BM25.ge
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 import scipy.sparse as sp
 
 from esp_retrieval.subspace.sparse import SparseLexical
+from esp_retrieval.training.config import SparseBlockSpec
+
+if TYPE_CHECKING:
+    from esp_retrieval.training.data.objectives import DataContext
 
 #: BM25 parameters of the block (and of the evaluation's hybrid anchor): Anserini's MS MARCO
 #: passage defaults, Lucene's variant, English stop words, no stemming
@@ -45,3 +50,19 @@ def build_bm25(texts: Sequence[str], *, k1: float = 0.9, b: float = 0.4, stopwor
     df = np.diff(np.asarray(sc["indptr"]))
     return SparseLexical(docs, tuple(vocab), lucene_idf(df, n_docs),
                          {"k1": k1, "b": b, "stopwords": stopwords, "method": "lucene"})
+
+
+def build_block(spec: SparseBlockSpec, pids: Sequence[str], texts: Sequence[str],
+                data: DataContext | None = None) -> SparseLexical:
+    """The sparse block ``spec`` names over the corpus ``pids``/``texts``: BM25, and with
+    ``spec.term_weights`` its learned term weights, fitted on ``data``'s training queries only
+    (:mod:`esp_retrieval.training.term_weights`)."""
+    block = build_bm25(texts, k1=spec.k1, b=spec.b, stopwords=spec.stopwords)
+    if spec.term_weights is None:
+        return block
+    if data is None:
+        raise ValueError("sparse.term_weights: learned term weights need the run's training data")
+    from esp_retrieval.training.term_weights import TermTrainingData, learn_term_weights
+
+    training = TermTrainingData.from_context(data)
+    return learn_term_weights(block, pids, texts, training, spec.term_weights).block

@@ -298,10 +298,11 @@ class Trainer:
         emb = self.model.encode_pooled(pooled)
         spec, sparse = self.config.sparse, None
         if spec is not None:  # the BM25 block over the exported corpus (docs/architecture.md s. 5)
-            from esp_retrieval.training.sparse_lexical import build_bm25
+            from esp_retrieval.training.run import data_context
+            from esp_retrieval.training.sparse_lexical import build_block
 
             t0 = time.perf_counter()
-            block = build_bm25(self.corpus_texts, k1=spec.k1, b=spec.b, stopwords=spec.stopwords)
+            block = build_block(spec, self.corpus_ids, self.corpus_texts, data_context(self.config))
             sparse = {spec.name: block}
             self.timings["sparse_s"] = time.perf_counter() - t0
         return export_bundle(

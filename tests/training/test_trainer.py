@@ -192,3 +192,21 @@ def test_the_bundle_carries_the_configured_bm25_block(frozen_run, tiny_data_dir:
     assert block.vocab == want.vocab and block.params == want.params
     assert (block.docs != want.docs).nnz == 0
     assert b.weight_layout.names == (*b.layout.names, "bm25")
+
+
+def test_the_bundle_carries_the_learned_term_weights(
+        tiny_data_dir: Path, tiny_bert_dir: Path, tmp_path: Path) -> None:
+    from esp_retrieval.subspace.bundle import read_bundle
+    from esp_retrieval.training.trainer import train
+
+    cfg = tiny_train_config(tiny_data_dir, tiny_bert_dir, optim={"steps": 0, "warmup_steps": 0},
+                            export={"enabled": True, "corpus": "trec"},
+                            sparse={"name": "bm25", "term_weights": {"steps": 50, "l2": 0.0}})
+    result = train(cfg, tmp_path / "run", progress=False)
+    block = read_bundle(result.bundle_path).sparse["bm25"]
+    learned = block.params["term_weights"]
+    assert learned["lists"] >= 1 and learned["loss_end"] < learned["loss_start"]
+    assert any(t != 0 for t in learned["theta"])
+    # still one exact dot product: the served scores are the block's own
+    q = block.encode(["what is the capital of france", "1984 novel"])
+    np.testing.assert_array_equal(block.scores(q), (q @ block.docs.T.astype(np.float64)).toarray())

@@ -201,7 +201,7 @@ def train_and_evaluate(ctx: Context, method: str, seed: int, heldout_year: str,
     layout = result.model.layout
     esp = tc.architecture == "esp"
     spec = cfg.methods[method].sparse
-    sparse = {spec.name: sparse_scores(ctx, spec)[heldout_year]} if spec is not None else None
+    sparse = {spec.name: sparse_scores(ctx, spec, tc)[heldout_year]} if spec is not None else None
     defaults = {spec.name: spec.default_weight} if spec is not None else {}
     sweep = simplex_grid([*layout.names, *(sparse or {})], cfg.sweep_step) if esp else []
     test = ctx.orcas_test[intent_fold]
@@ -232,15 +232,19 @@ def _tower_features(ctx: Context, trainer: Any, frozen: Features) -> Features:
                     orcas=store.query_features_np(ctx.orcas_texts), mimics=mimics)
 
 
-def sparse_scores(ctx: Context, spec: Any) -> dict[str, np.ndarray]:
-    """Year -> ``(nq, N)`` scores of the sparse BM25 block of ``spec`` (built once per context)."""
-    key = (spec.k1, spec.b, spec.stopwords)
+def sparse_scores(ctx: Context, spec: Any, tc: Any) -> dict[str, np.ndarray]:
+    """Year -> ``(nq, N)`` scores of the sparse block of ``spec`` (built once per context; one
+    with learned term weights once per held-out year, fitted on the run ``tc``'s training queries)."""
+    learned = spec.term_weights is not None
+    key = (spec.k1, spec.b, spec.stopwords, spec.term_weights.model_dump_json() if learned else None,
+           tc.split.heldout_year if learned else None)
     if key not in ctx.sparse:
-        from esp_retrieval.training.sparse_lexical import build_bm25
+        from esp_retrieval.training.run import data_context
+        from esp_retrieval.training.sparse_lexical import build_block
 
-        block = build_bm25(ctx.bench.texts, k1=spec.k1, b=spec.b, stopwords=spec.stopwords)
+        block = build_block(spec, ctx.bench.pids, ctx.bench.texts, data_context(tc) if learned else None)
         ctx.sparse[key] = {y: block.scores(block.encode(list(q.values())))
-                           for y, q in ctx.bench.queries.items()}
+                           for y, q in ctx.bench.queries.items() if not learned or y == key[-1]}
     return ctx.sparse[key]
 
 
