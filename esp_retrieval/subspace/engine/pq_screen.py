@@ -31,12 +31,15 @@ The screen is built at load (faiss k-means per sub-quantiser on a seeded sample,
 from __future__ import annotations
 
 import copy
+import itertools
 import logging
 import time
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, ClassVar
 
 import numpy as np
 
+from esp_retrieval.subspace.engine._gemv import rows_dot
 from esp_retrieval.subspace.engine.base import Capabilities, EngineInputError
 from esp_retrieval.subspace.engine.exact_fallback import ExactFallback
 from esp_retrieval.subspace.engine.ivf import EXACT_BELOW
@@ -54,9 +57,13 @@ def _positive_int(value: Any, name: str) -> int:
     return value
 
 
-def build_screen(corpus: np.ndarray, layout: SubspaceLayout, *, dsub: int, train_rows: int, seed: int) -> Any:
-    """``faiss.IndexPQFastScan`` (inner product, 4 bits per ``dsub`` columns) over ``corpus``
-    ``(N, D)`` float32/float16, trained on ``train_rows`` seeded rows, rows added in chunks."""
+def build_screen(
+    corpus: np.ndarray, layout: SubspaceLayout, *, dsub: int, train_rows: int, seed: int, shards: int = 1
+) -> list[Any]:
+    """``shards`` ``faiss.IndexPQFastScan`` (inner product, 4 bits per ``dsub`` columns) over
+    consecutive row ranges of ``corpus`` ``(N, D)`` float32/float16, one codebook trained on
+    ``train_rows`` seeded rows. Shards let one query's screen run on several cores (faiss
+    parallelises a search over its queries, not over the rows of one)."""
     import faiss
 
     for block in layout:
@@ -67,14 +74,31 @@ def build_screen(corpus: np.ndarray, layout: SubspaceLayout, *, dsub: int, train
                 "dsub",
             )
     n, d = corpus.shape
-    index = faiss.IndexPQFastScan(d, d // dsub, 4, faiss.METRIC_INNER_PRODUCT)
-    index.pq.cp.min_points_per_centroid = 1  # a small corpus trains on what it has, unwarned
+    trained = faiss.IndexPQFastScan(d, d // dsub, 4, faiss.METRIC_INNER_PRODUCT)
+    trained.pq.cp.min_points_per_centroid = 1  # a small corpus trains on what it has, unwarned
     rng = np.random.default_rng(seed)
     sample = np.sort(rng.choice(n, size=min(n, train_rows), replace=False))
-    index.train(np.ascontiguousarray(corpus[sample], dtype=np.float32))
-    for s in range(0, n, _CHUNK):
-        index.add(np.ascontiguousarray(corpus[s : s + _CHUNK], dtype=np.float32))
-    return index
+    trained.train(np.ascontiguousarray(corpus[sample], dtype=np.float32))
+    bounds = np.linspace(0, n, max(1, min(shards, n)) + 1).astype(np.int64)
+    out = []
+    for lo, hi in itertools.pairwise(bounds):
+        index = faiss.clone_index(trained)
+        for s in range(int(lo), int(hi), _CHUNK):
+            index.add(np.ascontiguousarray(corpus[s : min(s + _CHUNK, int(hi))], dtype=np.float32))
+        out.append(index)
+    return out
+
+
+def _top_merged(parts: list[tuple[np.ndarray, np.ndarray]], offsets: np.ndarray, want: int) -> np.ndarray:
+    """``(m, want)`` global rows: the best ``want`` of every shard's ``(scores, local rows)``."""
+    scores = np.concatenate([np.where(i >= 0, d, -np.inf) for d, i in parts], axis=1)
+    rows = np.concatenate(
+        [np.where(i >= 0, i + off, -1) for (_, i), off in zip(parts, offsets, strict=True)], axis=1
+    )
+    if rows.shape[1] > want:
+        top = np.argpartition(-scores, want - 1, axis=1)[:, :want]
+        rows = np.take_along_axis(rows, top, 1)
+    return rows
 
 
 class PqScreenBackend(ExactFallback):
@@ -106,7 +130,9 @@ class PqScreenBackend(ExactFallback):
         if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 0:
             raise EngineInputError(f"exact_below must be an integer >= 0, got {exact_below!r}", "exact_below")
         self.exact_below = exact_below
-        self.index: Any = None
+        self.shards: list[Any] = []
+        self._offsets = np.zeros(1, np.int64)
+        self._pool: ThreadPoolExecutor | None = None
         self.build_seconds = 0.0
         super().__init__(corpus, layout, **settings)
 
@@ -116,9 +142,15 @@ class PqScreenBackend(ExactFallback):
             self._start_exact(corpus, f"{n} rows < exact_below {self.exact_below}")
             return
         t0 = time.perf_counter()
-        self.index = build_screen(
-            corpus, self.layout, dsub=self.dsub, train_rows=self.train_rows, seed=self.seed
+        self.shards = build_screen(
+            corpus,
+            self.layout,
+            dsub=self.dsub,
+            train_rows=self.train_rows,
+            seed=self.seed,
+            shards=self.threads,
         )
+        self._offsets = np.cumsum([0] + [int(sh.ntotal) for sh in self.shards[:-1]]).astype(np.int64)
         self.build_seconds = time.perf_counter() - t0
         log.info("pq: screen of %d rows (dsub %d) built in %.1f s", n, self.dsub, self.build_seconds)
 
@@ -151,11 +183,23 @@ class PqScreenBackend(ExactFallback):
             return self._exact._scan(scaled, c, sparse)
         return self._screen(scaled, min(max(c, self.screen), self.num_docs), sparse, None)
 
+    def _search(self, scan: np.ndarray, want: int) -> np.ndarray:
+        """The screen's top ``want`` rows per query over every shard: one query's shards in
+        parallel threads (faiss releases the GIL), a batch's one after another (faiss spreads
+        a batch over its queries)."""
+        if len(self.shards) > 1 and scan.shape[0] == 1:
+            if self._pool is None:
+                self._pool = ThreadPoolExecutor(len(self.shards), thread_name_prefix="esp-pq")
+            parts = list(self._pool.map(lambda sh: sh.search(scan, want), self.shards))
+        else:
+            parts = [sh.search(scan, want) for sh in self.shards]
+        return _top_merged(parts, self._offsets, want)
+
     def _screen(
         self, scaled: np.ndarray, want: int, sparse: SparseScan | None, mask: np.ndarray | None
     ) -> tuple[np.ndarray, np.ndarray]:
         scan = np.ascontiguousarray(scaled, dtype=np.float32)
-        _, found = self.index.search(scan, want)  # (m, want), -1 where fewer
+        found = self._search(scan, want)  # (m, want), -1 where fewer
         extra = None if sparse is None else sparse.top(min(self.screen, self.num_docs))
         per_rows, per_scores = [], []
         for i in range(scan.shape[0]):
@@ -166,7 +210,11 @@ class PqScreenBackend(ExactFallback):
             r = np.sort(r) if extra is None else np.union1d(r, extra[i][extra[i] >= 0])
             if mask is not None:
                 r = r[mask[r]]
-            s = np.asarray(self.master[r], dtype=np.float32) @ scan[i]
+            # faiss's streaming dot, not BLAS: OpenBLAS threads left spinning after a gemv would
+            # take the cores from the next query's screen threads
+            s = rows_dot(
+                np.ascontiguousarray(self.master[r], dtype=np.float32), scan[i], np.empty(len(r), np.float32)
+            )
             if sparse is not None:
                 s = sparse.queries(slice(i, i + 1)).add_rows(s[None, :], r)[0]
             order = np.argsort(-s, kind="stable")
@@ -179,3 +227,9 @@ class PqScreenBackend(ExactFallback):
             rows[i, : len(r)] = r
             scores[i, : len(s)] = s
         return rows, scores
+
+    def close(self) -> None:
+        super().close()
+        if self._pool is not None:
+            self._pool.shutdown(wait=False)
+            self._pool = None

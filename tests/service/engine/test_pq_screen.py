@@ -59,7 +59,7 @@ def test_a_screen_of_every_row_is_the_exact_search(bm25, w, ws, mask) -> None:  
     allowed = {"none": None, "broad": np.random.default_rng(4).random(N) < 0.7,
                "selective": np.random.default_rng(3).random(N) < 0.1}[mask]
     engine = PqScreenBackend(corpus, layout, screen=N, exact_below=0, sparse_blocks={"bm25": bm25})
-    assert engine.fallback is None and engine.index is not None
+    assert engine.fallback is None and engine.shards
     sq = bm25.encode(QUERIES)
     for k in (1, 10):
         res = engine.search(q, np.array(w), k, allowed=allowed, sparse={"bm25": SparseQuery(sq, ws)})
@@ -111,10 +111,27 @@ def test_settings_are_checked_and_a_small_corpus_takes_the_exact_scan(caplog) ->
             PqScreenBackend(corpus, layout, **bad)  # type: ignore[arg-type]
     with caplog.at_level("INFO"):
         small = PqScreenBackend(corpus, layout)  # 500 rows < exact_below: no screen is built
-    assert small.index is None and small.fallback is not None and "exact scan" in caplog.text
+    assert not small.shards and small.fallback is not None and "exact scan" in caplog.text
     q = random_rows(3, layout, 1)
     w = np.array([1.0, 0.5, 2.0, 0.0])
     truth, _ = reference_topk(q, corpus, w, layout, 5)
     np.testing.assert_array_equal(small.search(q, w, 5).rows, truth)
     one = PqScreenBackend(corpus, layout, dsub=1, exact_below=0, screen=500)  # dsub 1 fits any layout
     np.testing.assert_array_equal(one.search(q, w, 5).rows, truth)
+
+
+def test_a_sharded_screen_answers_like_one_screen() -> None:
+    """Shards share one codebook, so their merged top rows are the single screen's: one query
+    (shards searched in threads) and a batch (one after another) give the same hits."""
+    layout = layout_of("three")
+    corpus, q = clustered(5000, layout, 3), clustered(6, layout, 4)
+    one = PqScreenBackend(corpus, layout, screen=200, exact_below=0, threads=1)
+    three = PqScreenBackend(corpus, layout, screen=200, exact_below=0, threads=3)
+    assert len(one.shards) == 1 and len(three.shards) == 3
+    assert sum(int(s.ntotal) for s in three.shards) == len(corpus)
+    w = np.array([0.2, 1.0, 0.5])
+    batch = three.search(q, w, 10)
+    np.testing.assert_array_equal(batch.rows, one.search(q, w, 10).rows)
+    for i in range(len(q)):
+        np.testing.assert_array_equal(three.search(q[i : i + 1], w, 10).rows[0], batch.rows[i])
+    three.close()
