@@ -12,7 +12,7 @@ import logging
 
 import numpy as np
 
-from esp_retrieval.subspace.engine.base import Backend
+from esp_retrieval.subspace.engine.base import Backend, EngineInputError
 from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
 
 
@@ -22,6 +22,13 @@ class ExactFallback(Backend):
     #: why the exact scan answers every query (``None``: the index does)
     fallback: str | None = None
     _exact: NumpyBackend | None = None
+
+    @staticmethod
+    def _checked_exact_below(value: object) -> int:
+        """``exact_below`` as given, if it is an integer ``>= 0`` (``0``: the index always answers)."""
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise EngineInputError(f"exact_below must be an integer >= 0, got {value!r}", "exact_below")
+        return value
 
     def _start_exact(self, corpus: np.ndarray, reason: str) -> None:
         """Answer every query with the exact scan of ``corpus`` (no copy), for ``reason``."""

@@ -148,9 +148,7 @@ class IvfBackend(ExactFallback):
         if tail not in TAILS:
             raise EngineInputError(f"tail {tail!r} is unknown; allowed: {list(TAILS)}", "tail")
         self.tail = tail
-        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 0:
-            raise EngineInputError(f"exact_below must be an integer >= 0, got {exact_below!r}", "exact_below")
-        self.exact_below = exact_below
+        self.exact_below = self._checked_exact_below(exact_below)
         self.exact_above = float(exact_above)
         #: why the exact scan answers every query (``None``: the index does)
         self.fallback: str | None = None
@@ -228,9 +226,7 @@ class IvfBackend(ExactFallback):
             if flt.mask is not None:
                 top = np.where(flt.mask[np.maximum(top, 0)], top, -1)
             merged = [np.unique(r[r >= 0]) for r in np.concatenate([rows, top], axis=1)]
-            rows = np.full((len(merged), max(1, *(len(r) for r in merged))), -1, np.int64)
-            for i, r in enumerate(merged):
-                rows[i, : len(r)] = r
+            rows, _ = stack_rows(merged, [np.zeros(len(r), np.float32) for r in merged], width=1)
         return Candidates(rows)
 
     def _sparse_term(self, batch: Batch) -> SparseTerm:

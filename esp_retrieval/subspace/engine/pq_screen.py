@@ -43,7 +43,7 @@ from esp_retrieval.subspace.engine._gemv import rows_dot
 from esp_retrieval.subspace.engine.base import Capabilities, EngineInputError
 from esp_retrieval.subspace.engine.exact_fallback import ExactFallback
 from esp_retrieval.subspace.engine.ivf import EXACT_BELOW
-from esp_retrieval.subspace.engine.refine import Batch, Candidates, Filter
+from esp_retrieval.subspace.engine.refine import Batch, Candidates, Filter, stack_rows
 from esp_retrieval.subspace.engine.sparse_terms import SparseScan
 from esp_retrieval.subspace.layout import SubspaceLayout
 
@@ -127,9 +127,7 @@ class PqScreenBackend(ExactFallback):
         self.dsub = _positive_int(dsub, "dsub")
         self.train_rows = _positive_int(train_rows, "train_rows")
         self.seed = int(seed)
-        if isinstance(exact_below, bool) or not isinstance(exact_below, int) or exact_below < 0:
-            raise EngineInputError(f"exact_below must be an integer >= 0, got {exact_below!r}", "exact_below")
-        self.exact_below = exact_below
+        self.exact_below = self._checked_exact_below(exact_below)
         self.shards: list[Any] = []
         self._offsets = np.zeros(1, np.int64)
         self._pool: ThreadPoolExecutor | None = None
@@ -217,16 +215,9 @@ class PqScreenBackend(ExactFallback):
             )
             if sparse is not None:
                 s = sparse.queries(slice(i, i + 1)).add_rows(s[None, :], r)[0]
-            order = np.argsort(-s, kind="stable")
-            per_rows.append(r[order])
-            per_scores.append(s[order])
-        width = max(1, *(len(r) for r in per_rows))
-        rows = np.full((len(per_rows), width), -1, np.int64)
-        scores = np.full((len(per_rows), width), -np.inf, np.float32)
-        for i, (r, s) in enumerate(zip(per_rows, per_scores, strict=True)):
-            rows[i, : len(r)] = r
-            scores[i, : len(s)] = s
-        return rows, scores
+            per_rows.append(r)
+            per_scores.append(s)
+        return stack_rows(per_rows, per_scores, width=1)
 
     def close(self) -> None:
         super().close()
