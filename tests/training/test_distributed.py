@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -24,9 +25,15 @@ STEPS = 4
 
 
 def _torchrun(*args: str, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    # PYTHONFAULTHANDLER: a rank killed by a signal prints where its Python was
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "PYTHONFAULTHANDLER": "1"}
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", *args]
     return subprocess.run(cmd, check=False, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def _failure(stderr: str) -> str:
+    """The ranks' stderr without progress bars: what a failed torchrun shows."""
+    return "\n".join(x for x in stderr.splitlines() if "%|" not in x)[-6000:]
 
 
 def _reference(cfg, world: int) -> tuple[list[np.ndarray], list[dict]]:
@@ -50,9 +57,17 @@ def _reference(cfg, world: int) -> tuple[list[np.ndarray], list[dict]]:
 @pytest.fixture(scope="module")
 def ddp_run(tiny_data_dir: Path, tiny_bert_dir: Path, tmp_path_factory: pytest.TempPathFactory):
     out = tmp_path_factory.mktemp("ddp") / "run.npz"
-    proc = _torchrun(str(ROOT / "tests" / "training" / "ddp_worker.py"), "--data-dir", str(tiny_data_dir),
-                     "--bert-dir", str(tiny_bert_dir), "--steps", str(STEPS), "--out", str(out))
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    args = (str(ROOT / "tests" / "training" / "ddp_worker.py"), "--data-dir", str(tiny_data_dir),
+            "--bert-dir", str(tiny_bert_dir), "--steps", str(STEPS), "--out", str(out))
+    proc = _torchrun(*args)
+    if proc.returncode != 0 and "(SIGABRT)" in proc.stderr:
+        # once in CI a rank died of SIGABRT inside gloo ("terminate called without an active exception"),
+        # not reproduced in 14 runs here, loaded or not; the job runs once more, in a fresh torchrun (an
+        # elastic restart reuses the store and can hang), and its result must still match the reference
+        warnings.warn(f"a torchrun rank died of SIGABRT; running the job again:\n{_failure(proc.stderr)[-3000:]}",
+                      stacklevel=1)
+        proc = _torchrun(*args)
+    assert proc.returncode == 0, _failure(proc.stderr)
     params = np.load(out)["params"]  # (steps, world, P)
     records = json.loads(out.with_suffix(".json").read_text("utf-8"))
     return params, records
@@ -99,7 +114,7 @@ def test_esp_train_under_torchrun_rank0_writes_once(tiny_data_dir: Path, tiny_be
     out = tmp_path / "out"
     proc = _torchrun("-m", "esp_retrieval.cli", "train", "--config", str(config), "--out", str(out), "--no-progress")
     # 3 steps need not improve every metric: rank 0 then exits 3, and torchrun exits 1 naming it
-    assert proc.returncode == 0 or "exitcode  : 3" in proc.stderr, proc.stderr[-4000:]
+    assert proc.returncode == 0 or "exitcode  : 3" in proc.stderr, _failure(proc.stderr)
     steps = [json.loads(x) for x in (out / "train_log.jsonl").read_text("utf-8").splitlines()]
     assert [r["step"] for r in steps if "tasks" in r] == [1, 2, 3]
     assert proc.stdout.count('"improved"') == 1  # one summary: rank 0's
