@@ -39,7 +39,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from esp_retrieval.subspace.engine._gemv import rows_dot
+from esp_retrieval.subspace.engine._gemv import indexed_rows_dot
 from esp_retrieval.subspace.engine.base import Capabilities, EngineInputError
 from esp_retrieval.subspace.engine.exact_fallback import ExactFallback
 from esp_retrieval.subspace.engine.ivf import EXACT_BELOW
@@ -204,15 +204,13 @@ class PqScreenBackend(ExactFallback):
             r = found[i][found[i] >= 0]
             if len(r) < want:  # a query the codes cannot rank (all-zero): ties go to the lower rows
                 r = np.union1d(r, np.arange(want, dtype=np.int64))[:want]
-            # ascending either way: the gather reads the master in order
+            # ascending either way: the dot reads the master in row order
             r = np.sort(r) if extra is None else np.union1d(r, extra[i][extra[i] >= 0])
             if mask is not None:
                 r = r[mask[r]]
-            # faiss's streaming dot, not BLAS: OpenBLAS threads left spinning after a gemv would
-            # take the cores from the next query's screen threads
-            s = rows_dot(
-                np.ascontiguousarray(self.master[r], dtype=np.float32), scan[i], np.empty(len(r), np.float32)
-            )
+            # faiss's dot on the rows in place, not BLAS on a gathered copy: no fresh pages, and
+            # OpenBLAS threads left spinning after a gemv would take the next screen's cores
+            s = indexed_rows_dot(self.master, r.astype(np.int64), scan[i], np.empty(len(r), np.float32))
             if sparse is not None:
                 s = sparse.queries(slice(i, i + 1)).add_rows(s[None, :], r)[0]
             per_rows.append(r)
