@@ -64,7 +64,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--alpha", type=float, default=0.5, help="perturbation size (see above)")
     p.add_argument("--grid", type=float, default=0.1, help="simplex grid step")
     p.add_argument("--k", type=int, default=10)
-    p.add_argument("--max-touched", type=float, nargs="+", default=[0.02, 0.05], help="budgets (fractions)")
+    p.add_argument(
+        "--max-touched",
+        type=float,
+        nargs="*",
+        default=[0.02, 0.05],
+        help="ivf budgets (fractions; none: skip ivf)"
+    )
     p.add_argument("--target-misses", type=float, default=0.0, help="optional early stop (0: off)")
     p.add_argument("--nlist", type=int, default=None, help="lists per partition (default sqrt(N))")
     p.add_argument("--list-dtype", default="int8", choices=["int8", "float32"])
@@ -188,6 +194,33 @@ def ms_per_query(fn: Any, batches: list[Any]) -> float:
     return (time.perf_counter() - t0) / nq * 1e3
 
 
+def build_ivf(
+    args: argparse.Namespace, corpus: np.ndarray, layout: SubspaceLayout, cache: Path | None
+) -> tuple[Any, float]:
+    """The ivf index (read from ``cache`` when it fits, else built and saved there) and its build seconds."""
+    groups = (
+        None
+        if args.groups is None
+        else tuple(tuple(layout.names) if g == "all" else tuple(g.split(",")) for g in args.groups)
+    )
+    params = IvfParams(groups=groups, nlist=args.nlist, list_dtype=args.list_dtype, seed=args.seed)
+    t0 = time.perf_counter()
+    index = None
+    if cache is not None and (cache / "ivf" / "ivf.json").is_file():
+        try:
+            index = load_index(cache / "ivf", corpus, layout)
+            progress(f"ivf index read from {args.cache} (built in {index.report.get('build_seconds')}s)")
+        except IvfIndexError as exc:
+            progress(f"cached index not used: {exc}")
+    if index is None:
+        index = build_index(corpus, layout, params)
+        if cache is not None:
+            save_index(index, cache / "ivf", corpus)
+    build_s = float(index.report.get("build_seconds", time.perf_counter() - t0))
+    progress(f"ivf built in {build_s:.1f}s, {index.nbytes / 2**20:.0f} MiB")
+    return index, build_s
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     import faiss
@@ -210,28 +243,9 @@ def main(argv: list[str] | None = None) -> int:
     threads = os.cpu_count() or 1
     faiss.omp_set_num_threads(threads)
     exact = NumpyBackend(corpus, layout)
-    t0 = time.perf_counter()
-    groups = (
-        None
-        if args.groups is None
-        else tuple(tuple(layout.names) if g == "all" else tuple(g.split(",")) for g in args.groups)
-    )
-    params = IvfParams(groups=groups, nlist=args.nlist, list_dtype=args.list_dtype, seed=args.seed)
-    index = None
     cache = Path(args.cache) if args.cache else None
-    if cache is not None and (cache / "ivf" / "ivf.json").is_file():
-        try:
-            index = load_index(cache / "ivf", corpus, layout)
-            progress(f"ivf index read from {args.cache} (built in {index.report.get('build_seconds')}s)")
-        except IvfIndexError as exc:
-            progress(f"cached index not used: {exc}")
-    if index is None:
-        index = build_index(corpus, layout, params)
-        if cache is not None:
-            save_index(index, cache / "ivf", corpus)
-    build_s = float(index.report.get("build_seconds", time.perf_counter() - t0))
-    progress(f"ivf built in {build_s:.1f}s, {index.nbytes / 2**20:.0f} MiB")
     budgets = sorted(args.max_touched)
+    index, build_s = build_ivf(args, corpus, layout, cache) if budgets else (None, None)
     engines = {
         b: IvfBackend(
             corpus,
@@ -243,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for b in budgets
     }
-    nlist = index.partitions[0].nlist
+    nlist = index.partitions[0].nlist if index is not None else (args.nlist or round(np.sqrt(args.n)))
     pq_engines: dict[int, PqScreenBackend] = {}
     pq_build = None
     for screen in sorted(args.pq_screens):
@@ -283,7 +297,10 @@ def main(argv: list[str] | None = None) -> int:
         idx.add(corpus)
         return idx
 
-    fivf, fivf_build = cached("faiss_ivf", make_ivf_flat)
+    fivf: Any = None
+    fivf_build = None
+    if budgets:
+        fivf, fivf_build = cached("faiss_ivf", make_ivf_flat)
     hnsw, hnsw_build = cached("hnsw", make_hnsw) if not args.no_hnsw else (None, None)
 
     block_scores = block_score_matrices(queries, corpus, layout)
@@ -359,9 +376,11 @@ def main(argv: list[str] | None = None) -> int:
         )
     )
     exact_b64 = float(np.mean([ms_per_query(exact.search, [(queries[:64], w, args.k)]) for w in ex_w]))
-    fivf.nprobe = max(1, round(budgets[-1] * nlist))
     s0 = rows[len(rows) // 2]["_scaled"]
-    faiss_b1 = ms_per_query(lambda x: fivf.search(x, args.k), [(s0[i : i + 1],) for i in range(tq)])
+    faiss_b1 = None
+    if fivf is not None:
+        fivf.nprobe = max(1, round(budgets[-1] * nlist))
+        faiss_b1 = ms_per_query(lambda x: fivf.search(x, args.k), [(s0[i : i + 1],) for i in range(tq)])
     hnsw_b1 = None
     if hnsw is not None:
         hnsw.hnsw.efSearch = args.hnsw_ef[-1]
@@ -431,15 +450,15 @@ def main(argv: list[str] | None = None) -> int:
                 "nlist": nlist,
                 "list_dtype": args.list_dtype,
                 "exact_below": args.exact_below,
-                "partitions": [list(p.blocks) for p in index.partitions],
+                "partitions": None if index is None else [list(p.blocks) for p in index.partitions],
                 "pq_screens": sorted(args.pq_screens),
                 "pq_dsub": args.pq_dsub,
                 "threads": threads,
             },
             "build": {
-                "ivf_seconds": round(build_s, 2),
-                "ivf_bytes": index.nbytes,
-                "faiss_ivf_seconds": round(fivf_build, 2),
+                "ivf_seconds": None if build_s is None else round(build_s, 2),
+                "ivf_bytes": None if index is None else index.nbytes,
+                "faiss_ivf_seconds": None if fivf_build is None else round(fivf_build, 2),
                 "hnsw_seconds": None if hnsw_build is None else round(hnsw_build, 2),
                 "pq_seconds": None if pq_build is None else round(pq_build, 2),
                 "corpus_bytes": int(corpus.nbytes),

@@ -32,3 +32,19 @@ def test_ann_bench_prints_one_json_line_with_its_keys(
         assert cell["ivf_modes"] == ["ivf"]
     assert set(r["per_weight"][0]["hnsw"]) == {"ef64"}
     assert r["build"]["ivf_bytes"] > 0 and r["summary"]["ms_b1"]["exact"] > 0
+
+
+def test_ann_bench_without_budgets_runs_pq_alone(
+    tiny_bundle: Path, tiny_data_dir: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from esp_retrieval.training.data.trec import TREC_DIR
+
+    data = str(tiny_data_dir / TREC_DIR)
+    argv = ["--quick", "--n", "3000", "--exact-below", "0", "--max-touched", "--pq-screens", "500",
+            "--no-hnsw", "--bundle", str(tiny_bundle), "--data", data]  # fmt: skip
+    assert ann.main(argv) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["summary"]["per_budget"] == {} and r["build"]["ivf_seconds"] is None
+    assert r["summary"]["ms_b1"]["faiss_ivf_at_largest_budget"] is None
+    cell = r["summary"]["per_pq_screen"]["screen500"]
+    assert cell["pq_modes"] == ["pq"] and 0.0 < cell["pq_worst_recall"] <= 1.0
