@@ -332,6 +332,7 @@ def _reindex(client: Any, collection: str, index: str, params: dict[str, Any], w
     ip = client.prepare_index_params()
     ip.add_index(field_name=VECTOR, index_type=index, metric_type="IP", params=params)
     built = True
+    t0 = time.perf_counter()  # a 2.3 server's create_index returns once the index is built
     try:
         client.create_index(collection, ip)
     except Exception:
@@ -339,7 +340,6 @@ def _reindex(client: Any, collection: str, index: str, params: dict[str, Any], w
         ip = client.prepare_index_params()
         ip.add_index(field_name=VECTOR, index_type="FLAT", metric_type="IP")
         client.create_index(collection, ip)
-    t0 = time.perf_counter()
     wait_for_index(client, collection, wait)
     progress(f"{collection}: {index if built else 'FLAT'} {params} built in {time.perf_counter() - t0:.1f} s")
     client.load_collection(collection)
