@@ -26,14 +26,15 @@ FAST := not live and not browser and not slow and not gpu
 # venv instead (outside the source tree; `make clean` removes it).
 PYCACHE := env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX=$(abspath $(VENV))/pycache
 
-# `make test` spreads the test files over one pytest-xdist worker per core (JOBS=0: no worker, one process);
+# `make test` and `make test-fast` spread the test files over one pytest-xdist worker per core
+# (JOBS=0: no worker, one process);
 # the files holding slow tests go out first (tests/conftest.py).
 JOBS ?= auto
 test: setup
 	$(PYCACHE) $(PY) -m pytest -n $(JOBS) --dist loadscope --no-loadscope-reorder
 
 test-fast: setup
-	$(PYCACHE) $(PY) -m pytest -m "$(FAST)"
+	$(PYCACHE) $(PY) -m pytest -m "$(FAST)" -n $(JOBS) --dist loadscope --no-loadscope-reorder
 
 lint: setup
 	$(PY) -m ruff check .
