@@ -49,7 +49,7 @@ def pareto_plot(
 ) -> Path:
     """Semantic (x) vs entity (y). ``points``: method -> (x, y, x_std, y_std) at default weights;
     ``sweeps``: method -> ``(M, 2)`` swept points; ``fronts``: method -> front row indices."""
-    fig, axes = _figure(size=(7.5, 5.5))
+    fig, axes = _figure(size=(13.0, 6.0))
     ax = axes[0, 0]
     colours = {}
     for i, (name, sw) in enumerate(sweeps.items()):
@@ -57,7 +57,9 @@ def pareto_plot(
         colours[name] = c
         ax.scatter(sw[:, 0], sw[:, 1], s=10, alpha=0.35, color=c)
         f = sw[fronts[name]]
-        ax.plot(f[:, 0], f[:, 1], "-", color=c, lw=1.8, label=f"{name}: weight sweep front")
+        # 10 colours: from the 11th front on, dashed, so no two fronts look alike
+        style = "-" if i < 10 else "--"
+        ax.plot(f[:, 0], f[:, 1], style, color=c, lw=1.8, label=f"{name}: weight sweep front")
     markers = "osD^v<>ph*X"  # 11 shapes against 10 colours: no two unswept points look alike
     for j, (name, (x, y, xs, ys)) in enumerate(points.items()):
         # a swept method's point (its name plus a suffix) takes its front's colour
@@ -79,7 +81,8 @@ def pareto_plot(
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower left")
+    # beside the axes, not on them: a dozen fronts and their points would hide the data
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return _save(fig, path)
 
 
