@@ -257,7 +257,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         for b in budgets
     }
-    nlist = index.partitions[0].nlist if index is not None else (args.nlist or round(np.sqrt(args.n)))
+    nlist = None if index is None else index.partitions[0].nlist  # faiss IVF-Flat takes the same
     pq_engines: dict[int, PqScreenBackend] = {}
     pq_build = None
     for screen in sorted(args.pq_screens):
@@ -285,6 +285,7 @@ def main(argv: list[str] | None = None) -> int:
         return built, seconds
 
     def make_ivf_flat() -> Any:
+        assert nlist is not None  # built only beside the ivf index
         idx = faiss.IndexIVFFlat(faiss.IndexFlatIP(layout.dim), layout.dim, nlist, faiss.METRIC_INNER_PRODUCT)
         rows = np.random.default_rng(args.seed).choice(args.n, min(args.n, 48 * nlist), replace=False)
         idx.train(corpus[np.sort(rows)])

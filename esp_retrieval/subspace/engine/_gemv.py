@@ -27,6 +27,10 @@ def _numpy_rows_dot(rows: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
     np.vecdot(rows, q, out=out)
 
 
+def _numpy_indexed(matrix: np.ndarray, rows: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
+    np.vecdot(matrix[rows], q, out=out)
+
+
 def _faiss_function(name: str) -> Any:
     """faiss's ``name`` and ``swig_ptr``, or ``None`` without faiss (an untyped swig module)."""
     try:
@@ -49,7 +53,7 @@ def _faiss_kernel() -> Kernel | None:
 
     def rows_dot(rows: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
         if not _contiguous_float32(rows, q, out):
-            np.vecdot(rows, q, out=out)
+            _numpy_rows_dot(rows, q, out)
             return
         inner_products(ptr(out), ptr(q), ptr(rows), rows.shape[1], rows.shape[0])
 
@@ -64,15 +68,11 @@ def _faiss_indexed_kernel() -> IndexedKernel | None:
 
     def indexed(matrix: np.ndarray, rows: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
         if not (_contiguous_float32(matrix, q, out) and rows.dtype == np.int64 and rows.flags.c_contiguous):
-            np.vecdot(matrix[rows], q, out=out)
+            _numpy_indexed(matrix, rows, q, out)
             return
         by_idx(ptr(out), ptr(q), ptr(matrix), ptr(rows), matrix.shape[1], 1, len(rows))
 
     return indexed
-
-
-def _numpy_indexed(matrix: np.ndarray, rows: np.ndarray, q: np.ndarray, out: np.ndarray) -> None:
-    np.vecdot(matrix[rows], q, out=out)
 
 
 # registry: kernel name -> implementation, fastest first; None = not available here

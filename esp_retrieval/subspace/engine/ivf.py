@@ -90,6 +90,7 @@ class SparseTerm(NamedTuple):
     scores: np.ndarray  # (m, N) float32: sum_s w_s <q_s, d_s> of every row (0 where no term matches)
     reach: np.ndarray  # (m,) no row's sparse term exceeds it
     eps: np.ndarray  # (m,) bound on the rounding of ``scores``
+    scan: SparseScan  # the same scores, stored sparse (their top rows without a pass over N)
 
 
 @dataclass
@@ -220,9 +221,7 @@ class IvfBackend(ExactFallback):
         rows, _ = stack_rows(*self._probe(batch.scaled64, batch.k, flt.mask, term), width=batch.k)
         if term is not None and self.max_touched is not None:
             # approximate: a row can lead by its sparse score alone, in a list the probing left
-            m = min(max(c, batch.k), self.num_docs)
-            top = np.argpartition(-term.scores, m - 1, axis=1)[:, :m]
-            top = np.where(np.take_along_axis(term.scores, top, 1) > 0, top, -1)
+            top = term.scan.top(min(max(c, batch.k), self.num_docs))
             if flt.mask is not None:
                 top = np.where(flt.mask[np.maximum(top, 0)], top, -1)
             merged = [np.unique(r[r >= 0]) for r in np.concatenate([rows, top], axis=1)]
@@ -238,6 +237,7 @@ class IvfBackend(ExactFallback):
             scores=scan.dense(),
             reach=batch.sparse.bound(),
             eps=batch.sparse.scan_error(np.asarray(batch.bound, np.float64)),
+            scan=scan,
         )
 
     def _scan(

@@ -210,7 +210,7 @@ class PqScreenBackend(ExactFallback):
                 r = r[mask[r]]
             # faiss's dot on the rows in place, not BLAS on a gathered copy: no fresh pages, and
             # OpenBLAS threads left spinning after a gemv would take the next screen's cores
-            s = indexed_rows_dot(self.master, r.astype(np.int64), scan[i], np.empty(len(r), np.float32))
+            s = indexed_rows_dot(self.master, np.asarray(r, np.int64), scan[i], np.empty(len(r), np.float32))
             if sparse is not None:
                 s = sparse.queries(slice(i, i + 1)).add_rows(s[None, :], r)[0]
             per_rows.append(r)
