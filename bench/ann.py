@@ -47,7 +47,7 @@ from esp_retrieval.subspace.engine.ivf_index import (
     save_index,
 )
 from esp_retrieval.subspace.engine.numpy_backend import NumpyBackend
-from esp_retrieval.subspace.engine.pq_screen import PqScreenBackend
+from esp_retrieval.subspace.engine.pq_screen import POSTING_DENSITY, PqScreenBackend
 from esp_retrieval.subspace.layout import SubspaceLayout
 from esp_retrieval.subspace.scoring import normalize_blocks
 
@@ -92,6 +92,12 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         "--pq-screens", type=int, nargs="*", default=[3000, 10000], help="pq backend: rows screened per query"
     )
     p.add_argument("--pq-dsub", type=int, default=2, help="pq backend: columns per 4-bit code")
+    p.add_argument(
+        "--pq-posting-density",
+        type=float,
+        default=POSTING_DENSITY,
+        help="pq backend: blocks at most this dense are scored from posting lists (0: screen every block)",
+    )
     p.add_argument("--hnsw-m", type=int, default=16)
     p.add_argument("--hnsw-ef", type=int, nargs="+", default=[64, 256, 1024])
     p.add_argument("--no-hnsw", action="store_true")
@@ -263,7 +269,13 @@ def main(argv: list[str] | None = None) -> int:
     for screen in sorted(args.pq_screens):
         first = next(iter(pq_engines.values()), None)
         pq_engines[screen] = PqScreenBackend(
-            corpus, layout, screen=screen, dsub=args.pq_dsub, exact_below=args.exact_below, seed=args.seed
+            corpus,
+            layout,
+            screen=screen,
+            dsub=args.pq_dsub,
+            exact_below=args.exact_below,
+            seed=args.seed,
+            posting_density=args.pq_posting_density,
         ) if first is None else first.with_screen(screen)
         pq_build = pq_engines[screen].build_seconds if pq_build is None else pq_build
     if pq_engines:
@@ -454,6 +466,8 @@ def main(argv: list[str] | None = None) -> int:
                 "partitions": None if index is None else [list(p.blocks) for p in index.partitions],
                 "pq_screens": sorted(args.pq_screens),
                 "pq_dsub": args.pq_dsub,
+                "pq_posting_density": args.pq_posting_density,
+                "pq_posted_blocks": list(next(iter(pq_engines.values())).posted) if pq_engines else None,
                 "threads": threads,
             },
             "build": {

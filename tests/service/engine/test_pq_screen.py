@@ -12,6 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from esp_retrieval.service.engine import EngineInputError, SparseQuery
 from esp_retrieval.subspace.engine.pq_screen import PqScreenBackend
@@ -135,3 +136,60 @@ def test_a_sharded_screen_answers_like_one_screen() -> None:
     for i in range(len(q)):
         np.testing.assert_array_equal(three.search(q[i : i + 1], w, 10).rows[0], batch.rows[i])
     three.close()
+
+
+def lexical_rows(n: int, layout: SubspaceLayout, seed: int, nnz: int = 2) -> np.ndarray:
+    """Clustered dense rows whose ``entity`` block is sparse (``nnz`` hashed buckets per row),
+    as the lexical entity block of a bundle is."""
+    rng = np.random.default_rng(seed)
+    rows = clustered(n, layout, seed)
+    ent = layout["entity"]
+    sparse = np.zeros((n, ent.dim), np.float32)
+    for i in range(n):
+        sparse[i, rng.choice(ent.dim, nnz, replace=False)] = rng.random(nnz) + 0.1
+    rows[:, ent.offset : ent.end] = sparse
+    return normalize_blocks(rows, layout)
+
+
+def test_a_sparse_block_is_scored_from_posting_lists_exactly_beside_the_screen() -> None:
+    """The entity block (2 of 12 columns per row) is not quantised but posted: a weight on it
+    alone is answered exactly by a small screen, a mixed weight finds the top k, and a screen of
+    every row is the exact search; ``posting_density=0`` screens every block, as before."""
+    layout = layout_of("three")
+    corpus, q = lexical_rows(4000, layout, 5), lexical_rows(12, layout, 6, nnz=1)
+    engine = PqScreenBackend(corpus, layout, screen=100, exact_below=0)
+    assert engine.posted == ("entity",) and engine.shards[0].d == 28  # semantic 24 + intent 4
+    plain = PqScreenBackend(corpus, layout, screen=100, exact_below=0, posting_density=0.0)
+    assert plain.posted == () and plain.shards[0].d == layout.dim
+    entity_only = np.array([0.0, 1.0, 0.0])
+    truth, scores = reference_topk(q, corpus, entity_only, layout, 10)
+    res = engine.search(q, entity_only, 10)
+    np.testing.assert_array_equal(res.rows, truth)  # posted scores are exact: no screen error
+    np.testing.assert_allclose(res.scores, scores, rtol=1e-5, atol=1e-6)
+    for w in ([0.3, 1.0, 0.2], [1.0, 0.2, 0.0]):
+        truth, _ = reference_topk(q, corpus, np.array(w), layout, 10)
+        found = engine.search(q, np.array(w), 10).rows
+        hits = sum(len(set(a) & set(b)) for a, b in zip(found.tolist(), truth.tolist(), strict=True))
+        assert hits / truth.size >= 0.9, w  # 2.5% of the rows screened
+    every = engine.with_screen(len(corpus))
+    for w in ([0.3, 1.0, 0.2], [0.0, 0.0, 1.0]):
+        truth, _ = reference_topk(q, corpus, np.array(w), layout, 5)
+        np.testing.assert_array_equal(every.search(q, np.array(w), 5).rows, truth)
+    with pytest.raises(EngineInputError) as err:
+        PqScreenBackend(corpus, layout, exact_below=0, posting_density=1.5)
+    assert err.value.field == "posting_density"
+
+
+def test_posting_lists_over_several_row_chunks_are_the_transposed_block(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from esp_retrieval.subspace.engine import pq_screen
+
+    monkeypatch.setattr(pq_screen, "_CHUNK", 1000)  # 3,500 rows: four chunks, the last short
+    x = np.random.default_rng(0).random((3500, 40)).astype(np.float32)
+    x[x < 0.8] = 0
+    cols = np.array([3, 5, 6, 7, 20, 39])
+    got = pq_screen.build_postings(x, cols)
+    want = sp.csr_matrix(x[:, cols].T)
+    assert got.shape == want.shape and got.has_sorted_indices
+    np.testing.assert_array_equal(got.indptr, want.indptr)
+    np.testing.assert_array_equal(got.indices, want.indices)
+    np.testing.assert_array_equal(got.data, want.data)
