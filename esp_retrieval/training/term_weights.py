@@ -218,6 +218,12 @@ def learn_term_weights(block: SparseLexical, pids: Sequence[str], texts: Sequenc
     names = list(spec.features) if spec.features is not None else list(FEATURES)
     phi = torch.from_numpy(term_features(TermContext(block, texts, data), names))
     lists = build_lists(block, pids, texts, data, spec)
+    if not len(lists.weight):  # nothing to fit: theta would stay 0, plain BM25 under another name
+        raise ValueError(
+            f"sparse.term_weights: nothing to learn from: none of the {len(data.queries)} training "
+            f"queries (and {len(data.entities)} entity-linked ones) has a judged or entity-matching "
+            "passage in the corpus; give the run qrels or DL-HARD entity links, or drop sparse.term_weights"
+        )
     idf = torch.from_numpy(block.idf.astype(np.float64))
     theta = torch.zeros(len(names), dtype=torch.float64, requires_grad=True)
     opt = torch.optim.Adam([theta], lr=spec.lr)
@@ -227,7 +233,7 @@ def learn_term_weights(block: SparseLexical, pids: Sequence[str], texts: Sequenc
 
     with torch.no_grad():
         start = float(loss_at())
-    for _ in range(spec.steps if len(lists.weight) else 0):
+    for _ in range(spec.steps):
         opt.zero_grad()
         (loss_at() + spec.l2 * (theta ** 2).sum()).backward()
         opt.step()

@@ -68,6 +68,17 @@ def test_no_training_is_bm25_itself() -> None:
                                block.scores(q), rtol=1e-6)
 
 
+def test_training_data_with_nothing_to_learn_from_is_refused() -> None:
+    """No judged or entity-linked passage in the corpus: an error naming the setting, not BM25
+    served silently as learned weights."""
+    block = build_bm25(TEXTS)
+    unjudged = TermTrainingData({"q0": f"{NAMES[0]} {CODES[0]}"}, {}, {})
+    elsewhere = TermTrainingData({"q0": f"{NAMES[0]} {CODES[0]}"}, {"q0": {"p-not-in-corpus": 3}}, {})
+    for data in (unjudged, elsewhere):
+        with pytest.raises(ValueError, match=r"sparse\.term_weights: nothing to learn from"):
+            learn_term_weights(block, PIDS, TEXTS, data, SPEC)
+
+
 def test_the_learned_block_is_an_exact_dot_product_and_what_was_trained() -> None:
     block = build_bm25(TEXTS)
     a = np.random.default_rng(0).uniform(0.3, 3.0, len(block.vocab))
